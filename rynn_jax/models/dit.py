@@ -1,0 +1,360 @@
+"""Wan2.2 TI2V video diffusion transformer (the 5B DiT), in Flax NNX.
+
+Layout is channels-last throughout: latents are (B, T, H, W, C). Tokens are the (t, h, w) patches in
+row-major order. Timesteps are given per latent *frame* (B, T) — TI2V puts frame 0 (the clean image
+latent) at t=0 — and every modulation tensor is computed per frame and broadcast over that frame's
+tokens, which is what the reference's per-token timesteps amount to at 1/390 of the memory.
+
+Numerics follow the reference where it matters for parity: layer norms, modulation, the time
+embedding and the residual stream stay in float32; matmuls and attention run in `cfg.dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rynn_jax.models import rope
+from rynn_jax.sharding import constrain
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WanDiTConfig:
+    dim: int = 3072  # model width (heads × head_dim)
+    num_layers: int = 30  # transformer blocks, run with scan
+    num_heads: int = 24  # attention heads; head_dim = dim // num_heads
+    ffn_dim: int = 14336  # GELU-tanh FFN hidden width
+    freq_dim: int = 256  # sinusoidal timestep embedding width
+    in_channels: int = 48  # VAE latent channels in
+    out_channels: int = 48  # velocity channels out
+    text_dim: int = 4096  # umT5-XXL hidden size
+    text_len: int = 512  # text context is trimmed/zero-padded to this many slots
+    patch_size: tuple[int, int, int] = (1, 2, 2)  # (t, h, w) patch of the latent per token
+    eps: float = 1e-6  # layer/RMS norm epsilon
+    rope_theta: float = 10000.0
+    rope_max_len: int = 1024  # positions available per RoPE axis
+    dtype: str = "float32"  # compute dtype of matmuls/attention ("bfloat16" for speed)
+    param_dtype: str = "float32"  # storage dtype of parameters
+    attention: Literal["auto", "xla", "cudnn"] = "auto"  # auto: cuDNN flash on GPU in bf16/fp16
+    remat: Literal["none", "full", "save_dots"] = "none"  # activation checkpointing per block
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def patch_dim_out(self) -> int:
+        return math.prod(self.patch_size) * self.out_channels
+
+    @classmethod
+    def ti2v_5b(cls, **overrides) -> "WanDiTConfig":
+        """Wan2.2-TI2V-5B (the defaults)."""
+        return cls(**overrides)
+
+    @classmethod
+    def tiny(cls, **overrides) -> "WanDiTConfig":
+        """A few-thousand-parameter model for tests and the CPU demo."""
+        base = dict(dim=48, num_layers=2, num_heads=4, ffn_dim=96, freq_dim=32,
+                    in_channels=8, out_channels=8, text_dim=24, text_len=16)
+        return cls(**{**base, **overrides})
+
+
+# --------------------------------------------------------------------------------------------------
+# Small pieces
+# --------------------------------------------------------------------------------------------------
+
+
+def _linear(cfg: WanDiTConfig, d_in: int, d_out: int, names: tuple[str | None, str | None],
+            rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        d_in, d_out,
+        dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=nnx.with_partitioning(nnx.initializers.xavier_uniform(), names),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (names[1],)),
+        rngs=rngs,
+    )
+
+
+def _param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], dtype: str,
+           names: tuple[str | None, ...]) -> nnx.Param:
+    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.dtype(dtype)))
+
+
+def layer_norm(x: jax.Array, eps: float) -> jax.Array:
+    """Affine-free LayerNorm over the last axis, in float32."""
+    x = x.astype(jnp.float32)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis (all heads together), in float32, returned in x's dtype."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def timestep_sinusoid(t: jax.Array, dim: int) -> jax.Array:
+    """[cos | sin] embedding of (fractional) timesteps, float32: (...,) → (..., dim)."""
+    half = dim // 2
+    freqs = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
+    arg = t.astype(jnp.float32)[..., None] * freqs
+    return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
+
+
+def _attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
+    if cfg.attention != "auto":
+        return cfg.attention
+    if jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def modulate(x_bfsd: jax.Array, shift_bfd: jax.Array, scale_bfd: jax.Array) -> jax.Array:
+    """x·(1+scale)+shift with per-frame (B, F, D) modulation broadcast over the frame's S tokens."""
+    return x_bfsd * (1.0 + scale_bfd[:, :, None]) + shift_bfd[:, :, None]
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention and block
+# --------------------------------------------------------------------------------------------------
+
+
+class WanAttention(nnx.Module):
+    """Multi-head attention with RMSNorm on q and k across all heads (before the head split)."""
+
+    def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.dim
+        self.q = _linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.k = _linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.v = _linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.o = _linear(cfg, d, d, ("heads", "embed"), rngs)
+        self.norm_q = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
+        self.norm_k = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
+
+    def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
+                 rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+        cfg = self.cfg
+        dtype = jnp.dtype(cfg.dtype)
+        x_bld = x_bld.astype(dtype)
+        kv_bsd = x_bld if ctx_bsd is None else ctx_bsd.astype(dtype)
+        q = rms_norm(self.q(x_bld), self.norm_q[...], cfg.eps)
+        k = rms_norm(self.k(kv_bsd), self.norm_k[...], cfg.eps)
+        v = self.v(kv_bsd)
+        split = lambda a: a.reshape(*a.shape[:2], cfg.num_heads, cfg.head_dim)  # noqa: E731
+        q_blnh, k_bsnh, v_bsnh = split(q), split(k), split(v)
+        if rope_cs is not None:
+            q_blnh = rope.apply_rope(q_blnh, *rope_cs)
+            k_bsnh = rope.apply_rope(k_bsnh, *rope_cs)
+        q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
+        out_blnh = jax.nn.dot_product_attention(
+            q_blnh, k_bsnh, v_bsnh, implementation=_attention_impl(cfg, dtype))
+        return self.o(out_blnh.reshape(*out_blnh.shape[:2], cfg.dim))
+
+
+class WanBlock(nnx.Module):
+    """x += SA(mod(LN x))·g;  x += CA(LN_affine x, ctx);  x += FFN(mod(LN x))·g."""
+
+    def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.dim
+        self.self_attn = WanAttention(cfg, rngs=rngs)
+        self.cross_attn = WanAttention(cfg, rngs=rngs)
+        # The cross-attention LayerNorm is the only affine one in the block.
+        self.norm_cross_scale = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("embed",))
+        self.norm_cross_bias = _param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
+        self.ffn_up = _linear(cfg, d, cfg.ffn_dim, ("embed", "mlp"), rngs)
+        self.ffn_down = _linear(cfg, cfg.ffn_dim, d, ("mlp", "embed"), rngs)
+        # Learned offsets added to the time projection: shift/scale/gate for attention, then FFN.
+        self.modulation = _param(rngs, nnx.initializers.normal(d ** -0.5), (6, d), cfg.param_dtype,
+                                 ("modulation", "embed"))
+
+    def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
+                 rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
+        cfg = self.cfg
+        b, l, d = x_bld.shape
+        mod = self.modulation[...].astype(jnp.float32)[None, None] + tproj_bf6d  # (B, F, 6, D)
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = jnp.moveaxis(mod, 2, 0)
+        as_frames = lambda a: a.reshape(b, num_frames, l // num_frames, d)  # noqa: E731
+        as_tokens = lambda a: a.reshape(b, l, d)  # noqa: E731
+
+        h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_a, scale_a)
+        h = self.self_attn(as_tokens(h), rope_cs=rope_cs)
+        x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_a[:, :, None])
+
+        h = layer_norm(x_bld, cfg.eps) * self.norm_cross_scale[...].astype(jnp.float32) \
+            + self.norm_cross_bias[...].astype(jnp.float32)
+        x_bld = x_bld + self.cross_attn(h, ctx_bsd).astype(jnp.float32)
+
+        h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_f, scale_f)
+        h = self.ffn_up(as_tokens(h).astype(jnp.dtype(cfg.dtype)))
+        h = constrain(h, ("act_batch", "act_len", "act_mlp"))
+        h = self.ffn_down(jax.nn.gelu(h, approximate=True))
+        x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_f[:, :, None])
+        return constrain(x_bld, ("act_batch", "act_len", "act_embed"))
+
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+class WanDiT(nnx.Module):
+    """Velocity prediction v(z_t, t, text) for latents (B, T, H, W, C_in) → (B, T, H, W, C_out)."""
+
+    def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.dim
+        pt, ph, pw = cfg.patch_size
+        self.patch_embed = _param(rngs, nnx.initializers.xavier_uniform(in_axis=(0, 1, 2, 3), out_axis=4),
+                                  (pt, ph, pw, cfg.in_channels, d), cfg.param_dtype,
+                                  ("patch", "patch", "patch", "in_channels", "embed"))
+        self.patch_embed_bias = _param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
+        self.text_embed_1 = _linear(cfg, cfg.text_dim, d, ("text_embed", "embed"), rngs)
+        self.text_embed_2 = _linear(cfg, d, d, ("embed", "embed"), rngs)
+        self.time_embed_1 = _linear(cfg, cfg.freq_dim, d, ("time_freq", "embed"), rngs)
+        self.time_embed_2 = _linear(cfg, d, d, ("embed", "embed"), rngs)
+        self.time_proj = _linear(cfg, d, 6 * d, ("embed", "mlp"), rngs)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(rngs: nnx.Rngs) -> WanBlock:
+            return WanBlock(cfg, rngs=rngs)
+
+        self.blocks = make_blocks(rngs)
+        self.head_modulation = _param(rngs, nnx.initializers.normal(d ** -0.5), (2, d), cfg.param_dtype,
+                                      ("modulation", "embed"))
+        self.head = _linear(cfg, d, cfg.patch_dim_out, ("embed", "out_channels"), rngs)
+
+    # -- pieces that later modules (control branch, causal student) reuse -------------------------
+
+    def embed_patches(self, z_bthwc: jax.Array) -> jax.Array:
+        """(B, T, H, W, C) latents → (B, L, D) tokens, L = T/pt · H/ph · W/pw in (t, h, w) order."""
+        return patchify_embed(z_bthwc, self.patch_embed[...], self.patch_embed_bias[...], self.cfg)
+
+    def embed_text(self, ctx_bsk: jax.Array) -> jax.Array:
+        return self.text_embed_2(jax.nn.gelu(self.text_embed_1(ctx_bsk), approximate=True))
+
+    def embed_time(self, t_bf: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Per-frame time embedding (B, F, D) and block modulation input (B, F, 6, D), float32."""
+        cfg = self.cfg
+        f32 = lambda lin, a: a @ lin.kernel[...].astype(jnp.float32) + lin.bias[...].astype(jnp.float32)  # noqa: E731
+        e = timestep_sinusoid(t_bf, cfg.freq_dim)
+        temb = f32(self.time_embed_2, jax.nn.silu(f32(self.time_embed_1, e)))
+        tproj = f32(self.time_proj, jax.nn.silu(temb))
+        return temb, tproj.reshape(*tproj.shape[:-1], 6, cfg.dim)
+
+    def run_blocks(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
+                   rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
+        cfg = self.cfg
+
+        def body(block: WanBlock, x: jax.Array) -> jax.Array:
+            return block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames)
+
+        if cfg.remat != "none":
+            body = nnx.remat(body, policy=_REMAT_POLICIES[cfg.remat])
+
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def scan_blocks(block: WanBlock, x: jax.Array) -> jax.Array:
+            return body(block, x)
+
+        return scan_blocks(self.blocks, x_bld)
+
+    def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
+        cfg = self.cfg
+        b, l, d = x_bld.shape
+        f = grid_thw[0]
+        mod = self.head_modulation[...].astype(jnp.float32)[None, None] + temb_bfd[:, :, None]
+        shift, scale = mod[:, :, 0], mod[:, :, 1]
+        h = modulate(layer_norm(x_bld, cfg.eps).reshape(b, f, l // f, d), shift, scale).reshape(b, l, d)
+        out = self.head(h.astype(jnp.dtype(cfg.dtype)))
+        return unpatchify(out.astype(jnp.float32), grid_thw, cfg)
+
+    def __call__(self, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array) -> jax.Array:
+        """Velocity for latents z (B, T, H, W, C), per-frame timesteps t (B, T) in [0, 1000],
+        and text context (B, S, text_dim) (S = cfg.text_len for official weights). Returns float32."""
+        cfg = self.cfg
+        grid = token_grid(z_bthwc.shape, cfg)
+        if t_bf.shape != (z_bthwc.shape[0], grid[0]):
+            raise ValueError(f"timesteps must be per latent frame, shape {(z_bthwc.shape[0], grid[0])}; "
+                             f"got {t_bf.shape}")
+        x_bld = self.embed_patches(z_bthwc).astype(jnp.float32)
+        ctx_bsd = self.embed_text(ctx_bsk)
+        temb, tproj = self.embed_time(t_bf)
+        rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
+        x_bld = self.run_blocks(x_bld, ctx_bsd, tproj, rope_cs, grid[0])
+        return self.project_out(x_bld, temb, grid)
+
+
+def token_grid(shape_bthwc: tuple[int, ...], cfg: WanDiTConfig) -> tuple[int, int, int]:
+    _, t, h, w, c = shape_bthwc
+    pt, ph, pw = cfg.patch_size
+    if c != cfg.in_channels:
+        raise ValueError(f"latent has {c} channels, model expects {cfg.in_channels}")
+    if t % pt or h % ph or w % pw:
+        raise ValueError(f"latent (T, H, W) = {(t, h, w)} is not divisible by patch size {cfg.patch_size}")
+    return t // pt, h // ph, w // pw
+
+
+def patchify_embed(z_bthwc: jax.Array, kernel: jax.Array, bias: jax.Array, cfg: WanDiTConfig) -> jax.Array:
+    """Non-overlapping Conv3d (kernel = stride = patch) as one matmul over flattened patches."""
+    b = z_bthwc.shape[0]
+    f, h, w = token_grid(z_bthwc.shape, cfg)
+    pt, ph, pw = cfg.patch_size
+    dtype = jnp.dtype(cfg.dtype)
+    z = z_bthwc.astype(dtype).reshape(b, f, pt, h, ph, w, pw, cfg.in_channels)
+    x = jnp.einsum("bfphqwrc,pqrcd->bfhwd", z, kernel.astype(dtype))
+    return (x + bias.astype(dtype)).reshape(b, f * h * w, -1)
+
+
+def unpatchify(x_blp: jax.Array, grid_thw: tuple[int, int, int], cfg: WanDiTConfig) -> jax.Array:
+    """(B, L, pt·ph·pw·C) → (B, T, H, W, C); each token's outputs are patch-major, channel-minor."""
+    b = x_blp.shape[0]
+    f, h, w = grid_thw
+    pt, ph, pw = cfg.patch_size
+    x = x_blp.reshape(b, f, h, w, pt, ph, pw, cfg.out_channels)
+    return x.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, f * pt, h * ph, w * pw, cfg.out_channels)
+
+
+def pad_text_context(ctx_bsk: jax.Array, length: int) -> jax.Array:
+    """Trim or zero-pad text embeddings to `length` slots, as the reference pipelines do."""
+    s = ctx_bsk.shape[1]
+    if s >= length:
+        return ctx_bsk[:, :length]
+    return jnp.pad(ctx_bsk, ((0, 0), (0, length - s), (0, 0)))
+
+
+def init_dit(cfg: WanDiTConfig, seed: int = 0) -> WanDiT:
+    with nnx.use_eager_sharding(False):
+        return WanDiT(cfg, rngs=nnx.Rngs(seed))
+
+
+def abstract_dit(cfg: WanDiTConfig) -> WanDiT:
+    """The model with ShapeDtypeStruct leaves: shapes and count without allocating anything."""
+    with nnx.use_eager_sharding(False):
+        return nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0)))
+
+
+def dit_from_params(cfg: WanDiTConfig, params: dict) -> WanDiT:
+    """A model whose parameters are the given pure dict (e.g. from the converter or a checkpoint)."""
+    graphdef, state = nnx.split(abstract_dit(cfg))
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    return nnx.merge(graphdef, state)

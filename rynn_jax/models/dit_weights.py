@@ -1,0 +1,164 @@
+"""Checkpoint names of the Wan2.2 DiT (original Wan layout and diffusers layout) → our param tree.
+
+Mapping (ours ← diffusers ← original Wan), one row per parameter; `{i}` is the block index and our
+blocks are stacked on a leading layer axis:
+
+| ours                              | diffusers                                     | original Wan                  |
+|-----------------------------------|-----------------------------------------------|-------------------------------|
+| patch_embed, patch_embed_bias     | patch_embedding.{weight,bias}                 | same                          |
+| text_embed_1 / text_embed_2       | condition_embedder.text_embedder.linear_1/_2  | text_embedding.0 / .2         |
+| time_embed_1 / time_embed_2       | condition_embedder.time_embedder.linear_1/_2  | time_embedding.0 / .2         |
+| time_proj                         | condition_embedder.time_proj                  | time_projection.1             |
+| blocks/self_attn/{q,k,v,o}        | blocks.{i}.attn1.to_{q,k,v}, attn1.to_out.0   | blocks.{i}.self_attn.{q,k,v,o}|
+| blocks/self_attn/norm_{q,k}       | blocks.{i}.attn1.norm_{q,k}.weight            | blocks.{i}.self_attn.norm_{q,k}.weight |
+| blocks/cross_attn/...             | blocks.{i}.attn2....                          | blocks.{i}.cross_attn....     |
+| blocks/norm_cross_{scale,bias}    | blocks.{i}.norm2.{weight,bias}                | blocks.{i}.norm3.{weight,bias}|
+| blocks/ffn_up / ffn_down          | blocks.{i}.ffn.net.0.proj / ffn.net.2         | blocks.{i}.ffn.0 / ffn.2      |
+| blocks/modulation (6, D)          | blocks.{i}.scale_shift_table (1, 6, D)        | blocks.{i}.modulation         |
+| head_modulation (2, D)            | scale_shift_table (1, 2, D)                   | head.modulation               |
+| head                              | proj_out                                      | head.head                     |
+
+(Wan calls the cross-attention norm `norm3` and the FFN norm `norm2`; diffusers swaps the two.
+Only the cross-attention norm has parameters.) Linear weights are transposed to (in, out), the
+patch Conv3d weight to (t, h, w, in, out).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+import numpy as np
+
+from rynn_jax.convert import (
+    ConversionError,
+    Rule,
+    abstract_pure_params,
+    convert_state_dict,
+    open_safetensors,
+    torch_conv3d,
+    torch_linear,
+)
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit
+
+Layout = Literal["diffusers", "wan"]
+# Prefixes some repackaged original checkpoints carry (e.g. ComfyUI's single-file format).
+_STRIP_PREFIXES = ("model.diffusion_model.",)
+
+
+def _squeeze0(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[1:])
+
+
+def _linear_rules(target: tuple[str, ...], key: str, stacked_keys: list[str] | None = None) -> list[Rule]:
+    if stacked_keys is None:
+        return [Rule(target + ("kernel",), (f"{key}.weight",), torch_linear),
+                Rule(target + ("bias",), (f"{key}.bias",))]
+    return [Rule(target + ("kernel",), tuple(f"{k}.weight" for k in stacked_keys), torch_linear, stacked=True),
+            Rule(target + ("bias",), tuple(f"{k}.bias" for k in stacked_keys), stacked=True)]
+
+
+def dit_rules(cfg: WanDiTConfig, layout: Layout) -> list[Rule]:
+    if layout not in ("diffusers", "wan"):
+        raise ValueError(f"layout must be 'diffusers' or 'wan', got {layout!r}")
+    dif = layout == "diffusers"
+    n = cfg.num_layers
+    blk = lambda name: [f"blocks.{i}.{name}" for i in range(n)]  # noqa: E731
+    rules = [
+        Rule(("patch_embed",), ("patch_embedding.weight",), torch_conv3d),
+        Rule(("patch_embed_bias",), ("patch_embedding.bias",)),
+    ]
+    top = {
+        "text_embed_1": ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+        "text_embed_2": ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+        "time_embed_1": ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+        "time_embed_2": ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+        "time_proj": ("condition_embedder.time_proj", "time_projection.1"),
+        "head": ("proj_out", "head.head"),
+    }
+    for ours, (d_name, w_name) in top.items():
+        rules += _linear_rules((ours,), d_name if dif else w_name)
+    rules.append(Rule(("head_modulation",), ("scale_shift_table" if dif else "head.modulation",), _squeeze0))
+
+    for ours, (d_attn, w_attn) in {"self_attn": ("attn1", "self_attn"), "cross_attn": ("attn2", "cross_attn")}.items():
+        attn = d_attn if dif else w_attn
+        projections = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0"} if dif else \
+            {p: p for p in "qkvo"}
+        for p, name in projections.items():
+            rules += _linear_rules(("blocks", ours, p), "", blk(f"{attn}.{name}"))
+        for p in ("norm_q", "norm_k"):
+            rules.append(Rule(("blocks", ours, p), tuple(blk(f"{attn}.{p}.weight")), stacked=True))
+    norm = "norm2" if dif else "norm3"
+    rules.append(Rule(("blocks", "norm_cross_scale"), tuple(blk(f"{norm}.weight")), stacked=True))
+    rules.append(Rule(("blocks", "norm_cross_bias"), tuple(blk(f"{norm}.bias")), stacked=True))
+    rules += _linear_rules(("blocks", "ffn_up"), "", blk("ffn.net.0.proj" if dif else "ffn.0"))
+    rules += _linear_rules(("blocks", "ffn_down"), "", blk("ffn.net.2" if dif else "ffn.2"))
+    rules.append(Rule(("blocks", "modulation"), tuple(blk("scale_shift_table" if dif else "modulation")),
+                      _squeeze0, stacked=True))
+    return rules
+
+
+def detect_dit_layout(keys: Iterable[str]) -> Layout:
+    keys = set(keys)
+    if "proj_out.weight" in keys or "condition_embedder.time_proj.weight" in keys:
+        return "diffusers"
+    if "head.head.weight" in keys or "time_projection.1.weight" in keys:
+        return "wan"
+    raise ConversionError("cannot tell the checkpoint layout: neither diffusers (proj_out.weight) "
+                          "nor original Wan (head.head.weight) DiT keys are present")
+
+
+class _Renamed(Mapping[str, np.ndarray]):
+    """View of a state dict with known wrapper prefixes stripped from its keys."""
+
+    def __init__(self, inner: Mapping[str, np.ndarray]):
+        self._inner = inner
+        self._keys = {}
+        for k in inner:
+            stripped = k
+            for p in _STRIP_PREFIXES:
+                if stripped.startswith(p):
+                    stripped = stripped[len(p):]
+            self._keys[stripped] = k
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        return self._inner[self._keys[k]]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def dit_params_from_state_dict(state_dict: Mapping[str, np.ndarray], cfg: WanDiTConfig,
+                               layout: Layout | None = None, dtype=None) -> dict:
+    """Our pure param dict (numpy) from a checkpoint state dict in either layout."""
+    sd = _Renamed(state_dict)
+    layout = layout or detect_dit_layout(sd)
+    abstract = abstract_pure_params(_param_state(abstract_dit(cfg)))
+    return convert_state_dict(sd, dit_rules(cfg, layout), abstract, dtype)
+
+
+def _param_state(model):
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None) -> dict:
+    """Read an official DiT checkpoint: a safetensors file, a sharded index, a directory with either,
+    or a diffusers pipeline directory (its `transformer/` subfolder is used)."""
+    path = os.fspath(path)
+    if os.path.isdir(os.path.join(path, "transformer")):
+        path = os.path.join(path, "transformer")
+    return dit_params_from_state_dict(open_safetensors(path), cfg, dtype=dtype)
+
+
+def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None):
+    """`from_pretrained` for the DiT: an orbax checkpoint written by our converter, or an official
+    safetensors checkpoint in either layout. Returns a `WanDiT`."""
+    from rynn_jax.models.dit import dit_from_params
+
+    return dit_from_params(cfg, load_dit_checkpoint(path, cfg, dtype))
