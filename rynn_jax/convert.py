@@ -240,3 +240,50 @@ def torch_conv2d(w_oihw: Array) -> Array:
 
 def tree_shapes(tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: tuple(np.shape(x)), tree)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: python -m rynn_jax.convert {dit,vae} SRC OUT [--config NAME] [--dtype bfloat16]
+# --------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    from rynn_jax import checkpoints
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rynn_jax.convert",
+        description="Convert an official Wan2.2 checkpoint (original or diffusers layout) into a "
+        "rynn-jax model directory (orbax params + config.json).")
+    parser.add_argument("model", choices=["dit", "vae"])
+    parser.add_argument("src", help="safetensors file, *.index.json, directory, or diffusers pipeline dir "
+                        "(also Wan2.2_VAE.pth for the VAE)")
+    parser.add_argument("out", help="output directory")
+    parser.add_argument("--config", default=None,
+                        help="architecture preset: DiT 'ti2v_5b' (default) or 'tiny'; VAE 'wan22' or 'tiny'")
+    parser.add_argument("--dtype", default=None, help="cast parameters, e.g. bfloat16 (default: keep fp32)")
+    args = parser.parse_args(argv)
+
+    if args.model == "dit":
+        from rynn_jax.models.dit import WanDiTConfig
+        from rynn_jax.models.dit_weights import load_dit_checkpoint
+
+        presets = {"ti2v_5b": WanDiTConfig.ti2v_5b, "tiny": WanDiTConfig.tiny}
+        cfg = presets[args.config or "ti2v_5b"]()
+        cfg = dataclasses.replace(cfg, param_dtype=args.dtype) if args.dtype else cfg
+        params = load_dit_checkpoint(args.src, cfg, args.dtype)
+    else:
+        from rynn_jax.models.vae import WanVAEConfig
+        from rynn_jax.models.vae_weights import load_vae_checkpoint
+
+        presets = {"wan22": WanVAEConfig.wan22, "tiny": WanVAEConfig.tiny}
+        cfg = presets[args.config or "wan22"]()
+        params = load_vae_checkpoint(args.src, cfg, args.dtype)
+    n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
+    checkpoints.save_params(args.out, params, cfg)
+    print(f"wrote {args.model} ({n:,} parameters) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

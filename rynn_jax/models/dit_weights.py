@@ -156,9 +156,18 @@ def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=N
     return dit_params_from_state_dict(open_safetensors(path), cfg, dtype=dtype)
 
 
-def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None):
-    """`from_pretrained` for the DiT: an orbax checkpoint written by our converter, or an official
-    safetensors checkpoint in either layout. Returns a `WanDiT`."""
+def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtype=None):
+    """`from_pretrained` for the DiT. `path` is either a directory our converter wrote (orbax params +
+    config.json; fast) or an official safetensors checkpoint in Wan or diffusers layout (then `cfg`
+    says which architecture; default TI2V-5B). Returns a `WanDiT`."""
+    from rynn_jax import checkpoints
     from rynn_jax.models.dit import dit_from_params
 
+    if checkpoints.is_converted_dir(path):
+        saved = checkpoints.load_config(path, WanDiTConfig)
+        if cfg is not None and cfg != saved:
+            raise ValueError(f"{path} was converted for {saved}, not {cfg}")
+        abstract = abstract_pure_params(_param_state(abstract_dit(saved)))
+        return dit_from_params(saved, checkpoints.restore_params(path, abstract, dtype))
+    cfg = cfg or WanDiTConfig.ti2v_5b()
     return dit_from_params(cfg, load_dit_checkpoint(path, cfg, dtype))

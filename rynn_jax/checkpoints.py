@@ -1,0 +1,67 @@
+"""Our own parameter checkpoints (orbax), written once by the converter so later loads are fast.
+
+A converted model directory holds `params/` (an orbax StandardCheckpointer tree of the pure param
+dict) and `config.json` (the dataclass config it was built with). Restores go straight to the
+requested dtype and, when shardings are given, straight onto the devices — no full host copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+PARAMS_DIR = "params"
+CONFIG_FILE = "config.json"
+
+
+def is_converted_dir(path: str | os.PathLike[str]) -> bool:
+    return os.path.isdir(os.path.join(path, PARAMS_DIR)) and os.path.isfile(os.path.join(path, CONFIG_FILE))
+
+
+def save_params(path: str | os.PathLike[str], params: dict, config: Any) -> None:
+    """Write `params` (pure dict of arrays) and `config` (a dataclass) under `path`."""
+    path = os.path.abspath(os.fspath(path))
+    os.makedirs(path, exist_ok=True)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(os.path.join(path, PARAMS_DIR), params, force=True)
+    ckptr.wait_until_finished()
+    cfg = dataclasses.asdict(config)
+    cfg["__class__"] = type(config).__name__
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def load_config(path: str | os.PathLike[str], cls: type) -> Any:
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+        raw = json.load(f)
+    name = raw.pop("__class__", cls.__name__)
+    if name != cls.__name__:
+        raise ValueError(f"{path} holds a {name}, not a {cls.__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ValueError(f"{path}/{CONFIG_FILE} has fields {cls.__name__} does not know: {unknown}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def restore_params(path: str | os.PathLike[str], abstract_params: dict, dtype=None,
+                   shardings: dict | None = None) -> dict:
+    """Restore a pure param dict shaped like `abstract_params` (ShapeDtypeStructs)."""
+    path = os.path.abspath(os.path.join(os.fspath(path), PARAMS_DIR))
+
+    def target(leaf, sharding=None):
+        return jax.ShapeDtypeStruct(leaf.shape, dtype or leaf.dtype, sharding=sharding)
+
+    if shardings is None:
+        abstract = jax.tree.map(target, abstract_params)
+    else:
+        abstract = jax.tree.map(target, abstract_params, shardings)
+    try:
+        return ocp.StandardCheckpointer().restore(path, abstract)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise ValueError(f"checkpoint at {path} does not match the model: {e}") from e
