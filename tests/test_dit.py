@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from rynn_jax.convert import ConversionError, flatten_params
-from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params, pad_text_context
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params
+from rynn_jax.text import pad_context
 from rynn_jax.models.dit_weights import dit_params_from_state_dict
 
 torch = pytest.importorskip("torch")
@@ -56,7 +57,7 @@ def _inputs(name: str, cfg: WanDiTConfig):
     # TI2V: frame 0 is the clean image latent at t=0; the others share the current timestep.
     t = np.stack([np.r_[0.0, np.full(frames - 1, tb)] for tb in (937.0, 624.0)[:batch]]).astype(np.float32)
     ctx = rng.standard_normal((batch, text_len, cfg.text_dim)).astype(np.float32)
-    return z, t, np.asarray(pad_text_context(jnp.asarray(ctx), cfg.text_len))
+    return z, t, np.stack([pad_context(c, cfg.text_len) for c in ctx])
 
 
 def _reference_out(ref, z, t_bf, ctx):

@@ -334,14 +334,6 @@ def unpatchify(x_blp: jax.Array, grid_thw: tuple[int, int, int], cfg: WanDiTConf
     return x.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, f * pt, h * ph, w * pw, cfg.out_channels)
 
 
-def pad_text_context(ctx_bsk: jax.Array, length: int) -> jax.Array:
-    """Trim or zero-pad text embeddings to `length` slots, as the reference pipelines do."""
-    s = ctx_bsk.shape[1]
-    if s >= length:
-        return ctx_bsk[:, :length]
-    return jnp.pad(ctx_bsk, ((0, 0), (0, length - s), (0, 0)))
-
-
 def init_dit(cfg: WanDiTConfig, seed: int = 0) -> WanDiT:
     with nnx.use_eager_sharding(False):
         return WanDiT(cfg, rngs=nnx.Rngs(seed))
