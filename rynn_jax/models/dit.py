@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Literal
 
 import jax
@@ -21,6 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rynn_jax.models import rope
+from rynn_jax.models.control import ControlBranch
+from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed, rms_norm
 from rynn_jax.sharding import constrain
 
 # --------------------------------------------------------------------------------------------------
@@ -47,6 +48,13 @@ class WanDiTConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     attention: Literal["auto", "xla", "cudnn"] = "auto"  # auto: cuDNN flash on GPU in bf16/fp16
     remat: Literal["none", "full", "save_dots"] = "none"  # activation checkpointing per block
+    # Action control (RynnWorld-Teleop, see models/control.py); "none" is the plain Wan2.2 model.
+    control: Literal["none", "add", "concat"] = "none"
+    control_channels: int = 48  # channels of the skeleton video's VAE latent
+    control_gate_init: float = 0.1  # α at initialisation
+    control_stats_momentum: float = 0.01  # EMA momentum of the running control-latent statistics
+    control_prior_mean: float = 0.0  # μ_z when no ground-truth latent is given (inference)
+    control_prior_std: float = 0.8  # σ_z likewise
 
     @property
     def head_dim(self) -> int:
@@ -65,44 +73,13 @@ class WanDiTConfig:
     def tiny(cls, **overrides) -> "WanDiTConfig":
         """A few-thousand-parameter model for tests and the CPU demo."""
         base = dict(dim=48, num_layers=2, num_heads=4, ffn_dim=96, freq_dim=32,
-                    in_channels=8, out_channels=8, text_dim=24, text_len=16)
+                    in_channels=8, out_channels=8, control_channels=8, text_dim=24, text_len=16)
         return cls(**{**base, **overrides})
 
 
 # --------------------------------------------------------------------------------------------------
 # Small pieces
 # --------------------------------------------------------------------------------------------------
-
-
-def _linear(cfg: WanDiTConfig, d_in: int, d_out: int, names: tuple[str | None, str | None],
-            rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(
-        d_in, d_out,
-        dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=nnx.with_partitioning(nnx.initializers.xavier_uniform(), names),
-        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (names[1],)),
-        rngs=rngs,
-    )
-
-
-def _param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], dtype: str,
-           names: tuple[str | None, ...]) -> nnx.Param:
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.dtype(dtype)))
-
-
-def layer_norm(x: jax.Array, eps: float) -> jax.Array:
-    """Affine-free LayerNorm over the last axis, in float32."""
-    x = x.astype(jnp.float32)
-    mean = x.mean(-1, keepdims=True)
-    var = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps)
-
-
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis (all heads together), in float32, returned in x's dtype."""
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 def timestep_sinusoid(t: jax.Array, dim: int) -> jax.Array:
@@ -137,12 +114,12 @@ class WanAttention(nnx.Module):
     def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.dim
-        self.q = _linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.k = _linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.v = _linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.o = _linear(cfg, d, d, ("heads", "embed"), rngs)
-        self.norm_q = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
-        self.norm_k = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
+        self.q = linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.k = linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.v = linear(cfg, d, d, ("embed", "heads"), rngs)
+        self.o = linear(cfg, d, d, ("heads", "embed"), rngs)
+        self.norm_q = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
+        self.norm_k = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
                  rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
@@ -173,12 +150,12 @@ class WanBlock(nnx.Module):
         self.self_attn = WanAttention(cfg, rngs=rngs)
         self.cross_attn = WanAttention(cfg, rngs=rngs)
         # The cross-attention LayerNorm is the only affine one in the block.
-        self.norm_cross_scale = _param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("embed",))
-        self.norm_cross_bias = _param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
-        self.ffn_up = _linear(cfg, d, cfg.ffn_dim, ("embed", "mlp"), rngs)
-        self.ffn_down = _linear(cfg, cfg.ffn_dim, d, ("mlp", "embed"), rngs)
+        self.norm_cross_scale = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("embed",))
+        self.norm_cross_bias = param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
+        self.ffn_up = linear(cfg, d, cfg.ffn_dim, ("embed", "mlp"), rngs)
+        self.ffn_down = linear(cfg, cfg.ffn_dim, d, ("mlp", "embed"), rngs)
         # Learned offsets added to the time projection: shift/scale/gate for attention, then FFN.
-        self.modulation = _param(rngs, nnx.initializers.normal(d ** -0.5), (6, d), cfg.param_dtype,
+        self.modulation = param(rngs, nnx.initializers.normal(d ** -0.5), (6, d), cfg.param_dtype,
                                  ("modulation", "embed"))
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
@@ -224,15 +201,15 @@ class WanDiT(nnx.Module):
         self.cfg = cfg
         d = cfg.dim
         pt, ph, pw = cfg.patch_size
-        self.patch_embed = _param(rngs, nnx.initializers.xavier_uniform(in_axis=(0, 1, 2, 3), out_axis=4),
+        self.patch_embed = param(rngs, nnx.initializers.xavier_uniform(in_axis=(0, 1, 2, 3), out_axis=4),
                                   (pt, ph, pw, cfg.in_channels, d), cfg.param_dtype,
                                   ("patch", "patch", "patch", "in_channels", "embed"))
-        self.patch_embed_bias = _param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
-        self.text_embed_1 = _linear(cfg, cfg.text_dim, d, ("text_embed", "embed"), rngs)
-        self.text_embed_2 = _linear(cfg, d, d, ("embed", "embed"), rngs)
-        self.time_embed_1 = _linear(cfg, cfg.freq_dim, d, ("time_freq", "embed"), rngs)
-        self.time_embed_2 = _linear(cfg, d, d, ("embed", "embed"), rngs)
-        self.time_proj = _linear(cfg, d, 6 * d, ("embed", "mlp"), rngs)
+        self.patch_embed_bias = param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
+        self.text_embed_1 = linear(cfg, cfg.text_dim, d, ("text_embed", "embed"), rngs)
+        self.text_embed_2 = linear(cfg, d, d, ("embed", "embed"), rngs)
+        self.time_embed_1 = linear(cfg, cfg.freq_dim, d, ("time_freq", "embed"), rngs)
+        self.time_embed_2 = linear(cfg, d, d, ("embed", "embed"), rngs)
+        self.time_proj = linear(cfg, d, 6 * d, ("embed", "mlp"), rngs)
 
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -240,15 +217,18 @@ class WanDiT(nnx.Module):
             return WanBlock(cfg, rngs=rngs)
 
         self.blocks = make_blocks(rngs)
-        self.head_modulation = _param(rngs, nnx.initializers.normal(d ** -0.5), (2, d), cfg.param_dtype,
+        self.head_modulation = param(rngs, nnx.initializers.normal(d ** -0.5), (2, d), cfg.param_dtype,
                                       ("modulation", "embed"))
-        self.head = _linear(cfg, d, cfg.patch_dim_out, ("embed", "out_channels"), rngs)
+        self.head = linear(cfg, d, cfg.patch_dim_out, ("embed", "out_channels"), rngs)
+        self.control = ControlBranch(cfg, rngs=rngs) if cfg.control != "none" else None
 
     # -- pieces that later modules (control branch, causal student) reuse -------------------------
 
     def embed_patches(self, z_bthwc: jax.Array) -> jax.Array:
         """(B, T, H, W, C) latents → (B, L, D) tokens, L = T/pt · H/ph · W/pw in (t, h, w) order."""
-        return patchify_embed(z_bthwc, self.patch_embed[...], self.patch_embed_bias[...], self.cfg)
+        token_grid(z_bthwc.shape, self.cfg)
+        return patchify_embed(z_bthwc, self.patch_embed[...], self.patch_embed_bias[...],
+                              self.cfg.patch_size, jnp.dtype(self.cfg.dtype))
 
     def embed_text(self, ctx_bsk: jax.Array) -> jax.Array:
         return self.text_embed_2(jax.nn.gelu(self.text_embed_1(ctx_bsk), approximate=True))
@@ -288,15 +268,28 @@ class WanDiT(nnx.Module):
         out = self.head(h.astype(jnp.dtype(cfg.dtype)))
         return unpatchify(out.astype(jnp.float32), grid_thw, cfg)
 
-    def __call__(self, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array) -> jax.Array:
+    def __call__(self, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array,
+                 control_bthwc: jax.Array | None = None, *, gt_latent_bthwc: jax.Array | None = None,
+                 train: bool = False) -> jax.Array:
         """Velocity for latents z (B, T, H, W, C), per-frame timesteps t (B, T) in [0, 1000],
-        and text context (B, S, text_dim) (S = cfg.text_len for official weights). Returns float32."""
+        and text context (B, S, text_dim) (S = cfg.text_len for official weights). Returns float32.
+
+        With a control branch, `control_bthwc` is the skeleton video's latent (same T, H, W as z);
+        `gt_latent_bthwc` (training) supplies μ_z, σ_z; `train=True` updates the running stats."""
         cfg = self.cfg
         grid = token_grid(z_bthwc.shape, cfg)
         if t_bf.shape != (z_bthwc.shape[0], grid[0]):
             raise ValueError(f"timesteps must be per latent frame, shape {(z_bthwc.shape[0], grid[0])}; "
                              f"got {t_bf.shape}")
         x_bld = self.embed_patches(z_bthwc).astype(jnp.float32)
+        if self.control is not None:
+            if control_bthwc is None:
+                raise ValueError("this model has a control branch: pass the control latent")
+            if control_bthwc.shape[:4] != z_bthwc.shape[:4]:
+                raise ValueError(f"control latent {control_bthwc.shape} does not align with {z_bthwc.shape}")
+            x_bld = x_bld + self.control(control_bthwc, gt_latent_bthwc, train)
+        elif control_bthwc is not None:
+            raise ValueError("a control latent was given but cfg.control is 'none'")
         ctx_bsd = self.embed_text(ctx_bsk)
         temb, tproj = self.embed_time(t_bf)
         rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
@@ -312,17 +305,6 @@ def token_grid(shape_bthwc: tuple[int, ...], cfg: WanDiTConfig) -> tuple[int, in
     if t % pt or h % ph or w % pw:
         raise ValueError(f"latent (T, H, W) = {(t, h, w)} is not divisible by patch size {cfg.patch_size}")
     return t // pt, h // ph, w // pw
-
-
-def patchify_embed(z_bthwc: jax.Array, kernel: jax.Array, bias: jax.Array, cfg: WanDiTConfig) -> jax.Array:
-    """Non-overlapping Conv3d (kernel = stride = patch) as one matmul over flattened patches."""
-    b = z_bthwc.shape[0]
-    f, h, w = token_grid(z_bthwc.shape, cfg)
-    pt, ph, pw = cfg.patch_size
-    dtype = jnp.dtype(cfg.dtype)
-    z = z_bthwc.astype(dtype).reshape(b, f, pt, h, ph, w, pw, cfg.in_channels)
-    x = jnp.einsum("bfphqwrc,pqrcd->bfhwd", z, kernel.astype(dtype))
-    return (x + bias.astype(dtype)).reshape(b, f * h * w, -1)
 
 
 def unpatchify(x_blp: jax.Array, grid_thw: tuple[int, int, int], cfg: WanDiTConfig) -> jax.Array:

@@ -96,6 +96,20 @@ def dit_rules(cfg: WanDiTConfig, layout: Layout) -> list[Rule]:
     rules += _linear_rules(("blocks", "ffn_down"), "", blk("ffn.net.2" if dif else "ffn.2"))
     rules.append(Rule(("blocks", "modulation"), tuple(blk("scale_shift_table" if dif else "modulation")),
                       _squeeze0, stacked=True))
+    if cfg.control != "none":
+        rules += control_rules(cfg)
+    return rules
+
+
+def control_rules(cfg: WanDiTConfig) -> list[Rule]:
+    """Released RynnWorld-Teleop control weights: the same names in both layouts. The running-stat
+    names are our reading of the release (`control_running_mean/std`); the rest are documented."""
+    rules = [Rule(("control", "embed"), ("control_patch_embedding.weight",), torch_conv3d),
+             Rule(("control", "embed_bias"), ("control_patch_embedding.bias",))]
+    if cfg.control == "add":
+        rules += [Rule(("control", "gate"), ("control_scale",), lambda x: x.reshape(())),
+                  Rule(("control", "mean"), ("control_running_mean",)),
+                  Rule(("control", "std"), ("control_running_std",))]
     return rules
 
 
@@ -142,9 +156,12 @@ def dit_params_from_state_dict(state_dict: Mapping[str, np.ndarray], cfg: WanDiT
 
 
 def _param_state(model):
+    """Everything a checkpoint carries: parameters and the control branch's running statistics."""
     from flax import nnx
 
-    return nnx.state(model, nnx.Param)
+    from rynn_jax.models.control import ControlStats
+
+    return nnx.state(model, nnx.Any(nnx.Param, ControlStats))
 
 
 def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None) -> dict:

@@ -1,0 +1,54 @@
+"""Parameter helpers and small numerics shared by the DiT and its branches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def linear(cfg, d_in: int, d_out: int, names: tuple[str | None, str | None],
+           rngs: nnx.Rngs) -> nnx.Linear:
+    """nnx.Linear in cfg.dtype/cfg.param_dtype with logical axis names on kernel and bias."""
+    return nnx.Linear(
+        d_in, d_out,
+        dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=nnx.with_partitioning(nnx.initializers.xavier_uniform(), names),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (names[1],)),
+        rngs=rngs,
+    )
+
+
+def param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], dtype: str,
+          names: tuple[str | None, ...]) -> nnx.Param:
+    """A parameter carrying logical axis names (no mesh needed at creation)."""
+    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.dtype(dtype)))
+
+
+def layer_norm(x: jax.Array, eps: float) -> jax.Array:
+    """Affine-free LayerNorm over the last axis, in float32."""
+    x = x.astype(jnp.float32)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis (all heads together), in float32, returned in x's dtype."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.square(xf).mean(-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def patchify_embed(z_bthwc: jax.Array, kernel_pqrcd: jax.Array, bias_d: jax.Array,
+                   patch_size: tuple[int, int, int], dtype: jnp.dtype) -> jax.Array:
+    """Non-overlapping Conv3d (kernel = stride = patch) as one matmul over flattened patches:
+    (B, T, H, W, C) → (B, L, D) with tokens in (t, h, w) row-major order."""
+    b, t, h, w, c = z_bthwc.shape
+    pt, ph, pw = patch_size
+    f, hh, ww = t // pt, h // ph, w // pw
+    z = z_bthwc.astype(dtype).reshape(b, f, pt, hh, ph, ww, pw, c)
+    x = jnp.einsum("bfphqwrc,pqrcd->bfhwd", z, kernel_pqrcd.astype(dtype))
+    return (x + bias_d.astype(dtype)).reshape(b, f * hh * ww, -1)
