@@ -17,6 +17,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rynn_jax.models import rope
@@ -83,10 +84,14 @@ class WanDiTConfig:
 
 
 def timestep_sinusoid(t: jax.Array, dim: int) -> jax.Array:
-    """[cos | sin] embedding of (fractional) timesteps, float32: (...,) → (..., dim)."""
+    """[cos | sin] embedding of (fractional) timesteps, float32: (...,) → (..., dim).
+
+    The frequency table is a host constant, correctly rounded to float32: arguments reach ~1000 rad,
+    so a 1-ulp difference in a frequency (XLA's exp vs libm's) would move them by ~3e-5."""
     half = dim // 2
-    freqs = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
-    arg = t.astype(jnp.float32)[..., None] * freqs
+    exponent = np.float32(-math.log(10000.0)) * np.arange(half, dtype=np.float32) / np.float32(half)
+    freqs = np.exp(exponent.astype(np.float64)).astype(np.float32)
+    arg = t.astype(jnp.float32)[..., None] * jnp.asarray(freqs)
     return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
 
