@@ -249,19 +249,21 @@ class WanDiT(nnx.Module):
 
     def run_blocks(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
                    rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
-        cfg = self.cfg
+        """All blocks with one `lax.scan` over the stacked layer axis (compiles one block, not 30).
 
-        def body(block: WanBlock, x: jax.Array) -> jax.Array:
-            return block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames)
+        Plain `lax.scan` over the split block state, not `nnx.scan`: the model may itself be used
+        inside a caller's scan (the sampler's step loop, the causal rollout), where NNX transforms
+        refuse modules created at an outer trace level."""
+        cfg = self.cfg
+        graphdef, state = nnx.split(self.blocks)
+
+        def body(x: jax.Array, layer_state) -> tuple[jax.Array, None]:
+            block = nnx.merge(graphdef, layer_state)
+            return block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames), None
 
         if cfg.remat != "none":
-            body = nnx.remat(body, policy=_REMAT_POLICIES[cfg.remat])
-
-        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
-        def scan_blocks(block: WanBlock, x: jax.Array) -> jax.Array:
-            return body(block, x)
-
-        return scan_blocks(self.blocks, x_bld)
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
+        return jax.lax.scan(body, x_bld, state)[0]
 
     def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
         cfg = self.cfg

@@ -10,6 +10,7 @@ the whole clip at the config's fps. Needs `imageio` (and `imageio-ffmpeg` for MP
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
 
 import numpy as np
@@ -18,19 +19,20 @@ from rynn_jax.render.rasterize import RenderConfig, default_intrinsics, render_v
 from rynn_jax.render.synthetic import synthetic_hand_motion
 
 
-def save_png(path: str, frame_hw3) -> None:
+def save_png(path: str | os.PathLike[str], frame_hw3) -> None:
     """Writes one uint8 (H, W, 3) frame as PNG."""
     import imageio.v3 as iio
 
     iio.imwrite(path, _as_uint8(frame_hw3))
 
 
-def save_video(path: str, frames_thw3, fps: int = 16) -> None:
+def save_video(path: str | os.PathLike[str], frames_thw3, fps: int = 16) -> None:
     """Writes uint8 (T, H, W, 3) frames as a video (H.264 MP4 via imageio-ffmpeg for .mp4)."""
     import imageio.v2 as imageio
 
     frames = _as_uint8(frames_thw3)
     kwargs = {}
+    path = os.fspath(path)
     if path.lower().endswith(".mp4"):
         # yuv420p for player compatibility; macro_block_size=1 keeps odd sizes unpadded.
         kwargs = dict(codec="libx264", quality=8, pixelformat="yuv420p", macro_block_size=1)

@@ -1,0 +1,166 @@
+"""The digital-teleoperation demo: operator stream + reference image → (video, 54-D action) episode.
+
+Runs both halves of the engine on one recorded stream: the skeleton it implies is rendered from
+the head camera and drives the world model from the reference image; the same stream is
+retargeted by IK to the robot's joints. Output: synchronized frames and actions at 16 fps.
+
+With no weights given it uses tiny randomly initialised networks (nothing can be downloaded):
+the pipeline, shapes, timing and actions are real, the pictures are not. Pass directories made by
+`python -m rynn_jax.convert` (a DiT with a control branch and the VAE) for real generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from rynn_jax.kinematics import streams
+from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.models.dit import WanDiTConfig, init_dit
+from rynn_jax.models.dit_weights import load_dit
+from rynn_jax.models.vae import WanVAEConfig, init_vae
+from rynn_jax.models.vae_weights import load_vae
+from rynn_jax.render import RenderConfig, default_intrinsics, render_video
+from rynn_jax.render.preview import save_png, save_video
+from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
+from rynn_jax.text import empty_context, load_text_context
+
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "sample"
+STREAM_FILE, IMAGE_FILE = "operator_stream.npz", "reference.png"
+
+
+def reference_scene(height: int = 480, width: int = 832, seed: int = 0) -> np.ndarray:
+    """A simple tabletop picture (wall, table, a few blocks and a lid) used as the bundled I_ref."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    img = np.empty((height, width, 3), np.float32)
+    img[:] = np.array([200, 205, 210]) * (0.9 + 0.1 * y[..., None] / height)  # wall
+    table = y > 0.38 * height
+    img[table] = (np.array([150, 110, 75]) * (0.8 + 0.3 * (y[table, None] / height)))
+    for _ in range(4):
+        cx, cy = rng.uniform(0.2, 0.8) * width, rng.uniform(0.55, 0.85) * height
+        w, h = rng.uniform(0.05, 0.1) * width, rng.uniform(0.06, 0.12) * height
+        box = (np.abs(x - cx) < w / 2) & (np.abs(y - cy) < h / 2)
+        img[box] = rng.uniform(40, 230, size=3)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_bundled_sample(directory: Path = SAMPLE_DIR, num_frames: int = 81) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    streams.write(directory / STREAM_FILE, synthetic_stream(num_frames))
+    save_png(directory / IMAGE_FILE, reference_scene())
+
+
+def _read_png(path: Path) -> np.ndarray:
+    import imageio.v3 as iio
+
+    img = np.asarray(iio.imread(path))
+    if img.ndim != 3 or img.shape[-1] not in (3, 4):
+        raise ValueError(f"{path}: expected an RGB image, got shape {img.shape}")
+    return img[..., :3]
+
+
+def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int) -> WorldModel:
+    if (dit_dir is None) != (vae_dir is None):
+        raise ValueError("give both --dit and --vae, or neither (tiny random models)")
+    if dit_dir is not None:
+        return WorldModel(load_dit(dit_dir), load_vae(vae_dir))
+    vae_cfg = WanVAEConfig.tiny()
+    dit_cfg = WanDiTConfig.tiny(control="add", in_channels=vae_cfg.z_dim, out_channels=vae_cfg.z_dim,
+                                control_channels=vae_cfg.z_dim)
+    return WorldModel(init_dit(dit_cfg, seed), init_vae(vae_cfg, seed))
+
+
+def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
+        dit: str | None = None, vae: str | None = None, text: str | None = None) -> dict:
+    if (num_frames - 1) % 4:
+        raise ValueError(f"--frames must be 1 + 4k (the VAE's temporal stride), got {num_frames}")
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    bar = tqdm(total=5, desc="digital teleop", unit="stage")
+
+    def stage(name: str):
+        bar.set_postfix_str(name)
+        timings[name] = time.perf_counter()
+
+    def done(name: str):
+        timings[name] = time.perf_counter() - timings[name]
+        bar.update()
+
+    stage("load")
+    stream = streams.read(sample_dir / STREAM_FILE)
+    reference = _read_png(sample_dir / IMAGE_FILE)
+    height, width = reference.shape[:2]
+    t_video = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
+    if t_video[-1] > stream.span[1] + 1e-6:
+        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
+                         f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    model = build_world_model(dit, vae, seed)
+    context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
+               else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
+    done("load")
+
+    stage("skeleton")
+    render_cfg = RenderConfig(width=width, height=height)
+    joints, elbows, valid = hands_in_camera(stream, t_video)
+    skeleton = np.asarray(render_video(render_cfg, joints, elbows, default_intrinsics(render_cfg), valid))
+    done("skeleton")
+
+    stage("retarget")
+    retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
+    actions = retargeted["actions"][:num_frames]
+    done("retarget")
+
+    stage("world model")
+    sampling = SamplingConfig(num_steps=steps)
+    video = model.generate(jax.random.key(seed), reference, skeleton, context, sampling)
+    done("world model")
+
+    stage("write")
+    save_video(out / "skeleton.mp4", skeleton, fps=int(streams.VIDEO_FPS))
+    save_video(out / "generated.mp4", video, fps=int(streams.VIDEO_FPS))
+    save_video(out / "side_by_side.mp4", np.concatenate([skeleton, video], axis=2), fps=int(streams.VIDEO_FPS))
+    np.savez_compressed(out / "episode.npz", frames=video, actions=actions, t=t_video,
+                        action_names=retargeted["action_names"], skeleton=skeleton)
+    done("write")
+    bar.close()
+    summary = {
+        "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
+        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
+        "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
+        "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
+        "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
+    }
+    with open(out / "summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python serve.py demo", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="outputs/demo", help="output directory")
+    p.add_argument("--frames", type=int, default=17, help="video frames, 1 + 4k (81 = one paper chunk)")
+    p.add_argument("--steps", type=int, default=8, help="sampler steps (the reference uses 50)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sample", default=str(SAMPLE_DIR), help="directory with operator_stream.npz + reference.png")
+    p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
+    p.add_argument("--vae", default=None, help="converted VAE directory")
+    p.add_argument("--text", default=None, help="precomputed umT5 embedding (.safetensors)")
+    a = p.parse_args(argv)
+    summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
+                  dit=a.dit, vae=a.vae, text=a.text)
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} and episode.npz (frames + 54-D actions)")
+
+
+if __name__ == "__main__":
+    main()

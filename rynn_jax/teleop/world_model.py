@@ -1,0 +1,105 @@
+"""Skeleton-conditioned video synthesis with the bidirectional (teacher) model.
+
+One clip: the reference image becomes latent frame 0 (clean, t = 0), the rendered skeleton video
+becomes the control latent, and the DiT's velocity field is integrated from noise by the
+flow-matching sampler; the VAE decodes the result. Every stage is a jitted pure function of
+(graphdef, state, inputs), compiled once per clip shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rynn_jax.diffusion import samplers
+from rynn_jax.models import vae as vae_lib
+from rynn_jax.models.dit import WanDiT
+from rynn_jax.models.vae import WanVAE
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    num_steps: int = 50  # sampler steps (the reference uses 50)
+    shift: float = 5.0  # sigma shift of the flow schedule
+    solver: Literal["unipc", "euler"] = "unipc"
+    guidance_scale: float = 1.0  # CFG scale; 1 = no unconditional pass (RynnWorld uses an empty prompt)
+
+
+class WorldModel:
+    """The teacher world model: a controlled DiT plus the VAE, split once for jitted calls."""
+
+    def __init__(self, dit: WanDiT, vae: WanVAE):
+        if dit.cfg.control == "none":
+            raise ValueError("the world model needs a DiT with a control branch (cfg.control='add')")
+        if dit.cfg.in_channels != vae.cfg.z_dim:
+            raise ValueError(f"DiT takes {dit.cfg.in_channels}-channel latents, VAE makes {vae.cfg.z_dim}")
+        self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg
+        self._dit_graph, self._dit_state = nnx.split(dit)
+        self._vae_graph, self._vae_state = nnx.split(vae)
+
+    def encode(self, video_bthwc: jax.Array) -> jax.Array:
+        return _encode(self._vae_graph, self._vae_state, video_bthwc)
+
+    def decode(self, latents_bthwc: jax.Array) -> jax.Array:
+        return _decode(self._vae_graph, self._vae_state, latents_bthwc)
+
+    def sample_latents(self, key: jax.Array, image_latent_b1hwc: jax.Array, control_bthwc: jax.Array,
+                       context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
+        return _sample(self._dit_graph, self._dit_state, key, image_latent_b1hwc, control_bthwc,
+                       context_bsk, sampling)
+
+    def generate(self, key: jax.Array, reference_hw3: np.ndarray, skeleton_thw3: np.ndarray,
+                 context_sk: np.ndarray, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
+        """Reference image (H, W, 3) and skeleton video (1+4k, H, W, 3), both uint8 → generated
+        video (1+4k, H, W, 3) uint8 whose frame 0 reproduces the reference."""
+        if reference_hw3.shape != skeleton_thw3.shape[1:]:
+            raise ValueError(f"reference image {reference_hw3.shape} and skeleton frames "
+                             f"{skeleton_thw3.shape[1:]} differ in size")
+        image_latent = self.encode(to_model_range(reference_hw3)[None, None])
+        control = self.encode(to_model_range(skeleton_thw3)[None])
+        latents = self.sample_latents(key, image_latent, control, jnp.asarray(context_sk)[None], sampling)
+        return to_uint8(self.decode(latents)[0])
+
+
+# Weights are arguments (not closure constants) so a 5B model is never baked into the executable.
+@functools.partial(jax.jit, static_argnums=0)
+def _encode(graph: nnx.GraphDef, state: nnx.State, video_bthwc: jax.Array) -> jax.Array:
+    return vae_lib.encode(graph, state, video_bthwc)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graph: nnx.GraphDef, state: nnx.State, latents_bthwc: jax.Array) -> jax.Array:
+    return vae_lib.decode(graph, state, latents_bthwc)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6))
+def _sample(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_latent_b1hwc: jax.Array,
+            control_bthwc: jax.Array, context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    dit = nnx.merge(graph, state)
+
+    def model_fn(x, t_bf, ctx):
+        reps = x.shape[0] // control_bthwc.shape[0]  # CFG stacks cond/uncond on the batch
+        return dit(x, t_bf, ctx, jnp.concatenate([control_bthwc] * reps, axis=0))
+
+    if sampling.guidance_scale == 1.0:
+        velocity_fn = functools.partial(model_fn, ctx=context_bsk)
+    else:
+        velocity_fn = samplers.make_cfg_velocity_fn(
+            model_fn, context_bsk, jnp.zeros_like(context_bsk), sampling.guidance_scale)
+    return samplers.sample(key, velocity_fn, control_bthwc.shape[:4] + (dit.cfg.in_channels,),
+                           solver=sampling.solver, num_steps=sampling.num_steps, shift=sampling.shift,
+                           first_frame_latent=image_latent_b1hwc)
+
+
+def to_model_range(frames_uint8: np.ndarray) -> jax.Array:
+    return jnp.asarray(frames_uint8, jnp.float32) / 127.5 - 1.0
+
+
+def to_uint8(frames: jax.Array) -> np.ndarray:
+    return np.asarray(jnp.round((jnp.clip(frames, -1, 1) + 1) * 127.5), np.uint8)
