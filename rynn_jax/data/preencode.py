@@ -1,0 +1,257 @@
+"""Offline pre-encoding: clips → VAE latents in ArrayRecord shards, once, so training reads latents.
+
+Per clip we store what the released RynnWorld `sample_data` latents hold, channels-last:
+  video_latents          (T', h, w, C)  VAE(video)                     T' = 1 + (T-1)/4
+  control_video_latents  (T', h, w, C)  VAE(rendered skeleton video)
+  img_latent             (1, h, w, C)   VAE(first frame alone)         the TI2V reference image
+  text_embedding         (S, D)         umT5 embedding of the prompt, trimmed to its length
+plus `text`, `actions` (T, 54), `has_actions`, `clip_id`, `episode`, `start`, `source`.
+
+Work split: the source's clip index (deterministic given the files and ClipConfig) is cut into
+shards of `records_per_shard` consecutive clips; worker w of n does shards w, w+n, ... Resumable:
+a finished shard is a renamed file, so a re-run skips it; the index fingerprint is recorded on
+the first run and a re-run over changed files refuses (shards would no longer line up).
+
+CLI:
+  python -m rynn_jax.data.preencode --source egodex --root /data/egodex --out /data/latents/egodex \
+      --vae /ckpt/wan22_vae --text-embeddings /data/text_embeddings [--worker 0 --num-workers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from rynn_jax.data import shards as shards_lib
+from rynn_jax.data.clips import ClipConfig
+from rynn_jax.data.errors import SKIPPED
+from rynn_jax.data.source import ClipSource
+
+log = logging.getLogger("rynn_jax.data")
+
+VideoEncoder = Callable[[np.ndarray], np.ndarray]  # (B, T, H, W, 3) float32 [-1, 1] → (B, T', h, w, C)
+ControlRenderer = Callable[[dict], np.ndarray]  # sample → (T, H, W, 3) uint8 skeleton video
+TextEmbedder = Callable[[str], np.ndarray]  # prompt → (S, D) float32
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreencodeConfig:
+    records_per_shard: int = 64  # clips per ArrayRecord file
+    latent_dtype: str = "float16"  # storage dtype of the latents
+    worker: int = 0  # this worker's number ...
+    num_workers: int = 1  # ... of this many (separate processes or hosts)
+
+
+def to_unit_range(video_uint8: np.ndarray) -> np.ndarray:
+    return video_uint8.astype(np.float32) / 127.5 - 1.0
+
+
+def index_fingerprint(source: ClipSource) -> str:
+    h = hashlib.sha256(repr(source.cfg).encode())
+    for r in source.index():
+        h.update(f"{r.episode}\0{r.start}\n".encode())
+    return h.hexdigest()
+
+
+def encode_clip(sample: dict, source_name: str, episode: str, start: int, *,
+                encode_video: VideoEncoder, render_control: ControlRenderer,
+                embed_text: TextEmbedder, latent_dtype: str) -> bytes:
+    video = to_unit_range(sample["video"])[None]
+    control = to_unit_range(np.asarray(render_control(sample)))[None]
+    if control.shape != video.shape:
+        raise ValueError(f"control video {control.shape} does not match video {video.shape}")
+    lat = np.asarray(encode_video(np.concatenate([video, control])))  # one call for both
+    img = np.asarray(encode_video(video[:, :1]))[0]
+    text = str(sample["text"])
+    emb = np.asarray(embed_text(text), np.float32)
+    for name, x in (("video latents", lat), ("image latent", img), ("text embedding", emb)):
+        if not np.isfinite(x).all():
+            raise ValueError(f"{name} of {source_name}/{episode}@{start} are not finite")
+    return shards_lib.encode_record({
+        "video_latents": lat[0].astype(latent_dtype),
+        "control_video_latents": lat[1].astype(latent_dtype),
+        "img_latent": img.astype(latent_dtype),
+        "text_embedding": emb,
+        "text": np.asarray(text, np.str_),
+        "actions": sample["actions"], "has_actions": sample["has_actions"],
+        "clip_id": sample["clip_id"], "episode": np.asarray(episode, np.str_),
+        "start": np.asarray(start, np.int64), "source": np.asarray(source_name, np.str_),
+    })
+
+
+def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
+              render_control: ControlRenderer, embed_text: TextEmbedder,
+              cfg: PreencodeConfig = PreencodeConfig()) -> dict:
+    """Encode this worker's shards of `source` into `out_dir`; returns a summary dict."""
+    os.makedirs(out_dir, exist_ok=True)
+    refs = source.index()
+    fingerprint = index_fingerprint(source)
+    fp_path = os.path.join(out_dir, f"{source.name}.index.json")
+    if os.path.exists(fp_path):
+        with open(fp_path) as f:
+            if json.load(f)["fingerprint"] != fingerprint:
+                raise ValueError(f"{out_dir} was encoded from a different clip index (files or "
+                                 f"ClipConfig changed); use a new output directory")
+    else:
+        _write_json(fp_path, {"fingerprint": fingerprint, "num_clips": len(refs),
+                              "clip_config": dataclasses.asdict(source.cfg)})
+    total = max(1, math.ceil(len(refs) / cfg.records_per_shard))
+    done, written, skipped_clips = [], [], 0
+    for s in range(cfg.worker, total, cfg.num_workers):
+        path = os.path.join(out_dir, shards_lib.shard_name(source.name, s, total))
+        if os.path.exists(path):
+            done.append(path)
+            continue
+        chunk = refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]
+
+        def records(chunk=chunk):
+            nonlocal skipped_clips
+            for ref in chunk:
+                sample = source.load_or_none(ref)
+                if sample is None:
+                    skipped_clips += 1
+                    continue
+                yield encode_clip(sample, source.name, ref.episode, ref.start,
+                                  encode_video=encode_video, render_control=render_control,
+                                  embed_text=embed_text, latent_dtype=cfg.latent_dtype)
+
+        n = shards_lib.write_shard(path, records())
+        written.append(path)
+        log.info("wrote %s (%d clips)", path, n)
+    summary = {"source": source.name, "num_clips": len(refs), "num_shards": total,
+               "written": len(written), "already_done": len(done), "skipped_clips": skipped_clips,
+               "skip_reasons": dict(SKIPPED.counts)}
+    _write_json(os.path.join(out_dir, f"{source.name}.worker{cfg.worker}.json"), summary)
+    return summary
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+# ---- default encoders (the real models) ------------------------------------------------------------
+
+
+def vae_encoder(vae: str) -> VideoEncoder:
+    """Our Flax Wan2.2 VAE as a jitted encoder. `vae`: a converted checkpoint directory, an
+    official/diffusers weight file, or "tiny" (random tiny VAE for smoke runs; meaningless latents)."""
+    import jax
+    from flax import nnx
+
+    from rynn_jax import checkpoints
+    from rynn_jax.models import vae as vae_lib
+    from rynn_jax.models import vae_weights
+
+    if vae == "tiny":
+        model = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny())
+    elif checkpoints.is_converted_dir(vae):
+        vcfg = checkpoints.load_config(vae, vae_lib.WanVAEConfig)
+        model = vae_lib.vae_from_params(
+            vcfg, checkpoints.restore_params(vae, vae_weights.abstract_params(vcfg)))
+    else:
+        model = vae_weights.load_vae(vae)
+    graphdef, params = nnx.split(model)
+    fn = jax.jit(lambda p, x: vae_lib.encode(graphdef, p, x))
+    return lambda video: np.asarray(fn(params, video))
+
+
+def skeleton_renderer(height: int, width: int, fps: float) -> ControlRenderer:
+    """The project's depth-aware skeleton renderer (rynn_jax.render) for a clip's hands."""
+    from rynn_jax.render import rasterize
+
+    rcfg = rasterize.RenderConfig(width=width, height=height, fps=int(round(fps)))
+
+    def render(sample: dict) -> np.ndarray:
+        return np.asarray(rasterize.render_video(rcfg, sample["joints_cam"], sample["elbows_cam"],
+                                                 sample["intrinsics"], sample["valid"]))
+    return render
+
+
+class TextEmbeddingStore:
+    """Prompt → embedding from `<dir>/<sha256(prompt)>.safetensors` (the released code's
+    prompt-embedding cache naming). A missing file is an error unless missing="empty", which
+    stores a zero-length embedding (all-zero context, see rynn_jax.text)."""
+
+    def __init__(self, directory: str | None, missing: str = "error", text_dim: int = 4096,
+                 text_len: int = 512):
+        if missing not in ("error", "empty"):
+            raise ValueError(f"missing must be 'error' or 'empty', got {missing!r}")
+        self.directory, self.missing = directory, missing
+        self.text_dim, self.text_len = text_dim, text_len  # the DiT never sees more than text_len
+
+    def path(self, text: str) -> str | None:
+        if self.directory is None:
+            return None
+        return os.path.join(self.directory, hashlib.sha256(text.encode()).hexdigest() + ".safetensors")
+
+    def __call__(self, text: str) -> np.ndarray:
+        from rynn_jax.text import load_text_context
+
+        path = self.path(text)
+        if path is None or not os.path.exists(path):
+            if self.missing == "error":
+                raise FileNotFoundError(f"no text embedding for {text!r} (expected {path})")
+            return np.zeros((0, self.text_dim), np.float32)
+        emb = load_text_context(path, text_len=self.text_len, text_dim=self.text_dim)
+        nonzero = np.flatnonzero(np.abs(emb).sum(-1))
+        return emb[: (nonzero[-1] + 1) if nonzero.size else 0]
+
+
+# ---- CLI -------------------------------------------------------------------------------------------
+
+
+def make_source(kind: str, root: str, clip_cfg: ClipConfig, strict: bool) -> ClipSource:
+    from rynn_jax.data.egodex import EgoDexSource
+    from rynn_jax.data.robot import RobotSource
+    from rynn_jax.data.vitra import VitraSource
+
+    cls = {"egodex": EgoDexSource, "vitra": VitraSource, "robot": RobotSource}[kind]
+    return cls(root, clip_cfg, strict=strict)
+
+
+DEFAULT_FRAMES = {"egodex": 81, "vitra": 25, "robot": 81}
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--source", required=True, choices=sorted(DEFAULT_FRAMES))
+    p.add_argument("--root", required=True, help="dataset root (see data/README.md)")
+    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument("--vae", default="tiny", help="converted Wan2.2 VAE directory, or 'tiny'")
+    p.add_argument("--text-embeddings", default=None, help="directory of <sha256>.safetensors")
+    p.add_argument("--allow-missing-text", action="store_true", help="store empty embeddings")
+    p.add_argument("--frames", type=int, default=None, help="clip length (default per source)")
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--records-per-shard", type=int, default=64)
+    p.add_argument("--worker", type=int, default=0)
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--strict", action="store_true", help="stop at the first bad file")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    clip_cfg = ClipConfig(num_frames=a.frames or DEFAULT_FRAMES[a.source], height=a.height,
+                          width=a.width)
+    source = make_source(a.source, a.root, clip_cfg, a.strict)
+    summary = preencode(
+        source, a.out, encode_video=vae_encoder(a.vae),
+        render_control=skeleton_renderer(a.height, a.width, clip_cfg.fps),
+        embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error"),
+        cfg=PreencodeConfig(records_per_shard=a.records_per_shard, worker=a.worker,
+                            num_workers=a.num_workers))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
