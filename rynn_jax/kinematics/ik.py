@@ -1,0 +1,191 @@
+"""Differentiable damped-least-squares IK for the 7-DoF arms (RynnWorld-Teleop, Appendix B).
+
+One iteration, exactly the SPEC's recipe:
+    e        = [p_t − p ; log(R_t Rᵀ)]                       6-D task error (world frame)
+    J = UΣVᵀ, λ = λ_min + 0.01 / (1 + σ_max)                 adaptive damping
+    J#_λ     = V diag(σ_i / (σ_i² + λ²)) Uᵀ                  damped pseudo-inverse
+    Δq       = J#_λ e
+    Δq      += (I − J#_λ J) w (q_ref − q)                    null-space shoulder prior
+    q        ← clip(q + Δq, q_min, q_max)                    hard joint limits
+where q_ref comes from a partial IK that moves the elbow (M6 joint 4 origin) toward the
+upper-arm tracker's reference using only the 3×2 sub-Jacobian of q0, q1, and w = 0.5 on them.
+
+We evaluate J#_λ as Jᵀ(JJᵀ + λ²I)⁻¹, the same matrix in closed form (V diag(σ/(σ²+λ²)) Uᵀ,
+tested to 1e-12): it needs only σ_max from the SVD, whose gradient (u₁v₁ᵀ) is finite even
+where singular values cross, so the solver stays differentiable at singular arms.
+
+Static shapes: a fixed `n_iters` loop (lax.fori_loop, reverse-differentiable) with a
+per-problem "done" mask that freezes a solution once it meets the tolerances. `vmap` over
+arms, time steps and sessions. Bad targets (non-finite, non-orthonormal) hold the warm start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rynn_jax.kinematics import fk, se3
+from rynn_jax.kinematics.mjcf_model import Chain
+
+Array = jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IKConfig:
+    n_iters: int = 24             # fixed iteration count (static loop length)
+    lambda_min: float = 1e-3      # λ_min of the adaptive damping
+    lambda_gain: float = 0.01     # λ = λ_min + lambda_gain / (1 + σ_max)   (SPEC: 0.01)
+    elbow_weight: float = 0.5     # w on the shoulder joints q0, q1           (SPEC: 0.5)
+    elbow_joint: int = 3          # elbow point = origin of this joint (M6 joint 4)
+    pin_saturated: bool = True   # re-solve with limit-bound joints pinned (see dls_step)
+    max_step: float = 0.4         # per-iteration ‖Δq‖∞ cap [rad]; keeps far targets stable
+    tol_pos: float = 1e-4         # done when ‖e_p‖ < tol_pos [m] ...
+    tol_rot: float = 1e-3         # ... and ‖e_r‖ < tol_rot [rad] ...
+    tol_null: float = 1e-3        # ... and the null-space step is below this [rad]
+    early_exit: bool = False      # True: while_loop that stops when done (latency; no reverse AD)
+    ortho_tol: float = 1e-3       # targets with ‖RᵀR − I‖ above this are rejected (held)
+
+
+class IKResult(NamedTuple):
+    q_n: Array           # joint solution (warm start if the target was rejected)
+    pos_err: Array       # final ‖p_t − p‖ [m]
+    rot_err: Array       # final rotation error [rad]
+    converged: Array     # met tol_pos and tol_rot
+    valid: Array         # target was usable (finite, orthonormal)
+    iters: Array         # iterations that actually updated q
+
+
+def damped_pinv(j_mn: Array, lam: Array) -> Array:
+    """J#_λ = Jᵀ (J Jᵀ + λ² I)⁻¹ (n × m); equals V diag(σ/(σ²+λ²)) Uᵀ."""
+    m = j_mn.shape[0]
+    a = j_mn @ j_mn.T + (lam * lam) * jnp.eye(m, dtype=j_mn.dtype)
+    return jnp.linalg.solve(a, j_mn).T
+
+
+def damped_pinv_svd(j_mn: Array, lam: Array) -> Array:
+    """The SPEC's literal SVD form (reference for tests; not differentiable at σ_i = σ_j)."""
+    u, s, vt = jnp.linalg.svd(j_mn, full_matrices=False)
+    return (vt.T * (s / (s * s + lam * lam))) @ u.T
+
+
+def adaptive_lambda(j_mn: Array, cfg: IKConfig) -> Array:
+    sigma_max = jnp.linalg.svd(j_mn, compute_uv=False)[0]
+    return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max)
+
+
+def _target_ok(t_44: Array, cfg: IKConfig) -> Array:
+    finite = jnp.all(jnp.isfinite(t_44))
+    safe = jnp.where(finite, t_44, jnp.eye(4, dtype=t_44.dtype))
+    return finite & (se3.orthonormality_error(safe[:3, :3]) < cfg.ortho_tol)
+
+
+def _dls_update(jac: Array, e: Array, prior: Array, cfg: IKConfig) -> tuple[Array, Array]:
+    """Δq = J#_λ e + (I − J#_λ J) prior; also returns the null-space part."""
+    jp = damped_pinv(jac, adaptive_lambda(jac, cfg))
+    dq_null = prior - jp @ (jac @ prior)
+    return jp @ e + dq_null, dq_null
+
+
+def dls_step(chain: Chain, q_n: Array, t_target_44: Array, elbow_ref_3: Array,
+             elbow_w: Array, cfg: IKConfig) -> tuple[Array, Array, Array]:
+    """One DLS iteration. Returns (q_next, task error e_6 at q, null-space step norm)."""
+    frames = fk.chain_fk(chain, q_n)
+    e = se3.pose_error(t_target_44, frames.tip_44)
+    jac = fk.geometric_jacobian(frames)
+    # Partial IK for the shoulder: move the elbow toward its reference with q0, q1 only.
+    elbow = frames.anchor_n3[cfg.elbow_joint]
+    je = fk.point_jacobian(frames, elbow, 2)
+    dq_shoulder = damped_pinv(je, adaptive_lambda(je, cfg)) @ (elbow_ref_3 - elbow)
+    prior = jnp.zeros_like(q_n).at[:2].set(elbow_w * dq_shoulder)          # w (q_ref − q)
+    lower, upper = chain.lower_n.astype(q_n.dtype), chain.upper_n.astype(q_n.dtype)
+    dq, dq_null = _dls_update(jac, e, prior, cfg)
+    if cfg.pin_saturated:
+        # Joints whose step would cross a limit are pinned at it and drop out of J; the free
+        # joints absorb the remaining task error (clipping alone stalls next to a limit).
+        free = ((q_n + dq >= lower) & (q_n + dq <= upper)).astype(q_n.dtype)
+        pinned = (1.0 - free) * (jnp.clip(q_n + dq, lower, upper) - q_n)
+        dq, dq_null = _dls_update(jac * free, e - jac @ pinned, prior * free, cfg)
+        dq = dq + pinned
+    # Cap the step (uniform scaling keeps its direction), then hard-clip to the limits.
+    dq = dq * jnp.minimum(1.0, cfg.max_step / jnp.maximum(jnp.max(jnp.abs(dq)), 1e-12))
+    q_next = jnp.clip(q_n + dq, lower, upper)
+    return q_next, e, jnp.max(jnp.abs(dq_null))
+
+
+def solve(chain: Chain, t_target_44: Array, q_init_n: Array, elbow_ref_3: Array | None = None,
+          cfg: IKConfig = IKConfig()) -> IKResult:
+    """Solve one arm. `elbow_ref_3` (base frame) switches the null-space prior on; pass NaN
+    (or None) for no prior. vmap over arms / time / sessions; grad w.r.t. target & elbow ref."""
+    dt = q_init_n.dtype
+    lower, upper = chain.lower_n.astype(dt), chain.upper_n.astype(dt)
+    q0 = jnp.clip(jnp.where(jnp.isfinite(q_init_n), q_init_n, 0.5 * (lower + upper)), lower, upper)
+    valid = _target_ok(t_target_44, cfg)
+    # Rejected targets are replaced by the warm start's own pose before any arithmetic, so
+    # NaN can reach neither the solution nor its gradient.
+    t_safe = jnp.where(valid, t_target_44, jax.lax.stop_gradient(fk.chain_tip(chain, q0)))
+    if elbow_ref_3 is None:
+        elbow_ref_3 = jnp.full(3, jnp.nan, dt)
+    has_elbow = jnp.all(jnp.isfinite(elbow_ref_3)) & (cfg.elbow_weight > 0)
+    elbow_safe = jnp.where(has_elbow, elbow_ref_3, 0.0)
+    elbow_w = jnp.where(has_elbow, cfg.elbow_weight, 0.0).astype(dt)
+
+    def update(q):
+        q_next, e, null = dls_step(chain, q, t_safe, elbow_safe, elbow_w, cfg)
+        done = ((jnp.linalg.norm(e[:3]) < cfg.tol_pos) & (jnp.linalg.norm(e[3:]) < cfg.tol_rot)
+                & (null < cfg.tol_null))
+        return jnp.where(done, q, q_next), done
+
+    if cfg.early_exit:
+        # Real-time path: stop as soon as the tolerances hold (forward-mode AD only).
+        def cond(c):
+            return (c[1] < cfg.n_iters) & ~c[2]
+
+        def step(c):
+            q, done = update(c[0])
+            return q, c[1] + (~done).astype(jnp.int32), done
+
+        q, iters, _ = jax.lax.while_loop(cond, step, (q0, jnp.zeros((), jnp.int32), jnp.zeros((), bool)))
+    else:
+        def body(_, carry):
+            q, done = update(carry[0])
+            return q, carry[1] + (~done).astype(jnp.int32)
+
+        q, iters = jax.lax.fori_loop(0, cfg.n_iters, body, (q0, jnp.zeros((), jnp.int32)))
+    e = se3.pose_error(t_safe, fk.chain_tip(chain, q))
+    pos_err, rot_err = jnp.linalg.norm(e[:3]), jnp.linalg.norm(e[3:])
+    q = jnp.where(valid, q, q0)
+    return IKResult(q, pos_err, rot_err, (pos_err < cfg.tol_pos) & (rot_err < cfg.tol_rot) & valid,
+                    valid, iters)
+
+
+def solve_arms(arms: Chain, t_target_s44: Array, q_init_s7: Array,
+               elbow_ref_s3: Array | None = None, cfg: IKConfig = IKConfig()) -> IKResult:
+    """Both arms at once (vmap over the stacked left/right chains). Add leading batch axes
+    (time, sessions) with further `jax.vmap(..., in_axes=(None, 0, 0, 0))`."""
+    if elbow_ref_s3 is None:
+        elbow_ref_s3 = jnp.full(q_init_s7.shape[:-1] + (3,), jnp.nan, q_init_s7.dtype)
+    return jax.vmap(lambda c, t, q, e: solve(c, t, q, e, cfg))(arms, t_target_s44, q_init_s7, elbow_ref_s3)
+
+
+def solve_multistart(chain: Chain, t_target_44: Array, q_init_n: Array, seeds_kn: Array,
+                     elbow_ref_3: Array | None = None, cfg: IKConfig = IKConfig()) -> IKResult:
+    """Cold-start solve: run the warm start plus K fixed seeds in parallel and keep the warm
+    start if it converged (continuity), else the lowest-error seed. A local method alone
+    cannot escape every joint-limit basin of the M6; a handful of seeds does (see tests)."""
+    starts = jnp.concatenate([q_init_n[None], seeds_kn.astype(q_init_n.dtype)], axis=0)
+    res = jax.vmap(lambda q: solve(chain, t_target_44, q, elbow_ref_3, cfg))(starts)
+    score = res.pos_err + 0.1 * res.rot_err + jnp.where(res.converged, 0.0, 1.0)
+    best = jnp.where(res.converged[0], 0, jnp.argmin(score))
+    return jax.tree.map(lambda a: a[best], res)
+
+
+def default_seeds(chain: Chain, k: int = 8, seed: int = 0) -> jnp.ndarray:
+    """K reproducible seeds spread uniformly inside the joint limits (numpy → [..., K, n])."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.asarray(chain.lower_n), np.asarray(chain.upper_n)
+    u = rng.uniform(size=(k,) + lo.shape)
+    return jnp.asarray(np.moveaxis(lo + u * (hi - lo), 0, -2))

@@ -1,0 +1,99 @@
+"""One teleop control step: trackers + hand skeletons → 54-D action, and its scan over time.
+
+    trackers [5, 7] ─ tracker.arm_targets ─▶ ik.solve (both arms, warm start)  ─┐
+    hand keypoints [2, 21, 3] ─ hand_retarget.retarget (both hands) ─▶ EMA ─────┴▶ action [54]
+
+Bad input never yields NaN joints: an invalid tracker or hand frame (non-finite, degenerate
+quaternion) is replaced by the last valid one (hold-last-valid); with no valid frame yet, the
+IK / retargeter reject the target and hold the previous joints. `info` reports what was held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rynn_jax.kinematics import hand_retarget, ik, layout, tracker
+from rynn_jax.kinematics.mjcf_model import Chain, Embodiment
+
+Array = jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetargetConfig:
+    ik: ik.IKConfig = ik.IKConfig()
+    hand: hand_retarget.HandRetargetConfig = hand_retarget.HandRetargetConfig()
+    use_elbow_prior: bool = True    # feed the upper-arm trackers to the IK null-space prior
+
+
+def realtime_config() -> RetargetConfig:
+    """Latency-oriented settings: both solvers stop as soon as they converge (while_loop).
+    Forward-mode AD only; use the default (fixed-iteration) config for gradients."""
+    return RetargetConfig(ik=ik.IKConfig(early_exit=True),
+                          hand=hand_retarget.HandRetargetConfig(early_exit=True))
+
+
+class Robot(NamedTuple):
+    """The arrays of an `Embodiment` the step needs (a pytree: pass it as a jit argument)."""
+    arms: Chain      # [2, 7]
+    fingers: Chain   # [2, 5, 4]
+
+
+class RetargetState(NamedTuple):
+    arm_q_s7: Array          # last IK solutions (warm start)
+    hand_q_s20: Array        # last raw hand solutions (warm start)
+    hand_filt_s20: Array     # EMA-filtered hand joints (what is emitted)
+    trackers_n7: Array       # last valid tracker poses (hold-last-valid buffer)
+    hands_s213: Array        # last valid hand keypoints
+
+
+class StepInfo(NamedTuple):
+    tracker_valid_n: Array
+    hand_valid_s: Array
+    ik: ik.IKResult
+    hand_tip_err_s: Array
+
+
+def robot_arrays(emb: Embodiment, dtype=jnp.float32) -> Robot:
+    cast = lambda a: jnp.asarray(a, dtype)
+    return Robot(jax.tree.map(cast, emb.arms), jax.tree.map(cast, emb.fingers))
+
+
+def initial_state(emb: Embodiment, dtype=jnp.float32) -> RetargetState:
+    q = jnp.asarray(emb.home_q, dtype)
+    arm, hand = layout.unpack_action(q)
+    return RetargetState(arm, hand, hand, jnp.full((5, 7), jnp.nan, dtype),
+                         jnp.full((2, 21, 3), jnp.nan, dtype))
+
+
+def step(robot: Robot, calib: tracker.Calibration, state: RetargetState, trackers_n7: Array,
+         hands_s213: Array, cfg: RetargetConfig = RetargetConfig()) -> tuple[RetargetState, Array, StepInfo]:
+    """One control step. Returns (new state, action [54], info)."""
+    t_ok = tracker.tracker_valid(trackers_n7)
+    trackers_n7 = jnp.where(t_ok[:, None], trackers_n7, state.trackers_n7)
+    h_ok = jnp.all(jnp.isfinite(hands_s213), axis=(-1, -2))
+    hands_s213 = jnp.where(h_ok[:, None, None], hands_s213, state.hands_s213)
+
+    t_target, elbow = tracker.arm_targets(calib, tracker.tracker_poses(trackers_n7))
+    if not cfg.use_elbow_prior:
+        elbow = jnp.full_like(elbow, jnp.nan)
+    res = ik.solve_arms(robot.arms, t_target, state.arm_q_s7, elbow, cfg.ik)
+    hand = jax.vmap(lambda f, h, q: hand_retarget.retarget(f, h, q, cfg.hand))(
+        robot.fingers, hands_s213, state.hand_q_s20)
+    filt = hand_retarget.ema(state.hand_filt_s20, hand.q_20, cfg.hand.ema_alpha)
+    new = RetargetState(res.q_n, hand.q_20, filt, trackers_n7, hands_s213)
+    return new, layout.pack_action(res.q_n, filt), StepInfo(t_ok, h_ok, res, hand.tip_err)
+
+
+def trajectory(robot: Robot, calib: tracker.Calibration, state: RetargetState, trackers_tn7: Array,
+               hands_ts213: Array, cfg: RetargetConfig = RetargetConfig()) -> tuple[RetargetState, Array, StepInfo]:
+    """`step` scanned over time: [T,5,7] trackers, [T,2,21,3] hands → actions [T,54].
+    vmap it over sessions; differentiable w.r.t. trackers and calibration (fori-loop IK)."""
+    def body(s, x):
+        s, a, info = step(robot, calib, s, x[0], x[1], cfg)
+        return s, (a, info)
+    state, (actions, info) = jax.lax.scan(body, state, (trackers_tn7, hands_ts213))
+    return state, actions, info
