@@ -1,0 +1,157 @@
+"""Wan2.2 VAE latency at 480×832 (random weights), ours vs diffusers, one machine.
+
+    python bench/bench_vae.py --latent-frames 21 --out bench/results/vae.json
+
+Times, for the full 2.2 VAE: streaming decode (one latent frame → 4 video frames per call, cache
+carried; the real-time path), streaming encode (4 frames per call), and whole-clip encode/decode.
+With torch+diffusers importable (and `--torch` not 'off'), diffusers' `AutoencoderKLWan` decode and
+encode run in a subprocess for the side-by-side ratio. Prints a table of medians, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _time(fn, warmup: int, iters: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
+              tiny: bool = False) -> list[dict]:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rynn_jax.models import vae as V
+
+    cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+    model = V.init_vae(cfg, 0)
+    graphdef, params = nnx.split(model)
+    frames = 1 + 4 * (latent_frames - 1)
+    key = jax.random.key(0)
+    z = jax.random.normal(key, (1, latent_frames, height // 16, width // 16, cfg.z_dim), jnp.float32)
+    video = jnp.clip(jax.random.normal(key, (1, frames, height, width, 3), jnp.float32), -1, 1)
+    rows = []
+
+    dec_step = jax.jit(functools.partial(V.decode_chunk, graphdef), donate_argnums=1)
+    cache = V.init_decode_cache(cfg, 1, height, width)
+    y, cache = dec_step(params, cache, z[:, :1])  # first chunk (compiles both branches)
+    y.block_until_ready()
+    state = {"cache": cache, "i": 1}
+
+    def one_decode():
+        i = state["i"] % latent_frames or 1
+        out, state["cache"] = dec_step(params, state["cache"], z[:, i:i + 1])
+        out.block_until_ready()
+        state["i"] += 1
+
+    t = _time(one_decode, 2, iters)
+    rows.append(dict(impl="jax", op="stream decode (1 latent → 4 frames)", median_ms=statistics.median(t),
+                     per_frame_ms=statistics.median(t) / 4))
+
+    enc_step = jax.jit(functools.partial(V.encode_chunk, graphdef), donate_argnums=1)
+    ecache = V.init_encode_cache(cfg, 1, height, width)
+    zz, ecache = enc_step(params, ecache, jnp.repeat(video[:, :1], 4, axis=1))
+    zz.block_until_ready()
+    estate = {"cache": ecache}
+
+    def one_encode():
+        out, estate["cache"] = enc_step(params, estate["cache"], video[:, 1:5])
+        out.block_until_ready()
+
+    t = _time(one_encode, 2, iters)
+    rows.append(dict(impl="jax", op="stream encode (4 frames → 1 latent)", median_ms=statistics.median(t),
+                     per_frame_ms=statistics.median(t) / 4))
+    for op, fn, x in (("decode", V.decode, z), ("encode", V.encode, video)) if whole else ():
+        f = jax.jit(functools.partial(fn, graphdef))
+        try:  # one pass over all frames is memory-heavy at 81 frames; report, don't abort
+            t = _time(lambda: f(params, x).block_until_ready(), 1, 3)
+        except Exception as e:  # noqa: BLE001 — XLA raises several error types for OOM
+            print(f"whole-clip {op} failed: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        rows.append(dict(impl="jax", op=f"whole-clip {op} ({frames} frames)", median_ms=statistics.median(t),
+                         per_frame_ms=statistics.median(t) / frames))
+    for r in rows:
+        print(r, flush=True)
+    return rows
+
+
+def bench_torch(latent_frames: int, height: int, width: int) -> list[dict]:
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4],
+                           num_res_blocks=2, temperal_downsample=[False, True, True], is_residual=True,
+                           in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                           scale_factor_temporal=4).to("cuda", torch.bfloat16).eval()
+    frames = 1 + 4 * (latent_frames - 1)
+    z = torch.randn(1, 48, latent_frames, height // 16, width // 16, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 3, frames, height, width, device="cuda", dtype=torch.bfloat16).clamp(-1, 1)
+    rows = []
+    with torch.no_grad():
+        for op, fn, n in ((f"whole-clip decode ({frames} frames)", lambda: vae.decode(z), frames),
+                          (f"whole-clip encode ({frames} frames)", lambda: vae.encode(x), frames)):
+            def run():
+                fn()
+                torch.cuda.synchronize()
+            t = _time(run, 1, 3)
+            rows.append(dict(impl="diffusers", op=op, median_ms=statistics.median(t),
+                             per_frame_ms=statistics.median(t) / n))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--latent-frames", type=int, default=21)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--no-whole", action="store_true", help="skip whole-clip encode/decode")
+    p.add_argument("--torch", choices=["off", "on"], default="on")
+    p.add_argument("--tiny", action="store_true", help="tiny VAE, for a CPU smoke run")
+    p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="bench/results/vae.json")
+    a = p.parse_args()
+    if a.only_torch:
+        print("JSON" + json.dumps(bench_torch(a.latent_frames, a.height, a.width)))
+        return
+    rows = []
+    if a.torch == "on":
+        cmd = [sys.executable, __file__, "--only-torch", "--latent-frames", str(a.latent_frames),
+               "--height", str(a.height), "--width", str(a.width)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("JSON")]
+        if lines:
+            rows += json.loads(lines[-1][4:])
+        else:
+            print("torch reference skipped:", (res.stderr.strip().splitlines() or ["no output"])[-1])
+    rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny)
+    print(f"\n{'impl':10s} {'op':40s} {'median ms':>10s} {'ms/frame':>9s}")
+    for r in rows:
+        print(f"{r['impl']:10s} {r['op']:40s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(dict(rows=rows, argv=sys.argv[1:]), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
