@@ -81,6 +81,7 @@ def test_demo_end_to_end_small(tmp_path):
     assert len(episode["t"]) == len(episode["frames"])  # one action per generated frame
     assert list(episode["action_names"][:1]) == ["left_arm_joint1"] or len(episode["action_names"]) == 54
     assert summary["ik_pos_err_mm_median"] < 1.0
+    assert summary["hand_tip_err_mm_median"] < 10.0  # wrist frames follow the retargeter's palm axes
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["frames"] == 5
     for name in ("skeleton.mp4", "generated.mp4", "side_by_side.mp4"):
         assert (tmp_path / "out" / name).stat().st_size > 0

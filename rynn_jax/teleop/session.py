@@ -49,16 +49,17 @@ def hands_in_camera(stream: streams.Stream, t_out: np.ndarray) -> tuple[np.ndarr
     return joints.astype(np.float32), elbows.astype(np.float32), valid
 
 
-def _frame_from_hand(joints_21: np.ndarray) -> np.ndarray:
-    """A wrist frame from three hand points: origin at the wrist, x towards the middle knuckle,
-    z the palm normal (index × pinky knuckle directions), y completing the right-handed frame."""
+def _frame_from_hand(joints_21: np.ndarray, side: str) -> np.ndarray:
+    """The wrist frame the hand retargeter expects (palm-frame axes, docs/kinematics.md): origin at
+    the wrist, z toward the fingers (middle knuckle), thumb side toward −y on the left hand and +y
+    on the right, x = y × z."""
     wrist, index, middle, pinky = joints_21[0], joints_21[5], joints_21[9], joints_21[17]
-    x = middle - wrist
-    x /= np.linalg.norm(x)
-    z = np.cross(index - wrist, pinky - wrist)
-    z -= x * (z @ x)
+    z = middle - wrist
     z /= np.linalg.norm(z)
-    rot = np.stack([x, np.cross(z, x), z], axis=1)
+    y = (pinky - index) if side == "left" else (index - pinky)
+    y -= z * (y @ z)
+    y /= np.linalg.norm(y)
+    rot = np.stack([np.cross(y, z), y, z], axis=1)
     return np.asarray(se3.make_pose(rot.astype(np.float32), wrist.astype(np.float32)), np.float64)
 
 
@@ -87,7 +88,7 @@ def synthetic_stream(num_frames: int, seed: int = 0, fps: float = streams.VIDEO_
     for h, side in enumerate(("left", "right")):
         j_world = joints_cam[:, h].astype(np.float64) @ t_world_cam[:3, :3].T + t_world_cam[:3, 3]
         e_world = elbows_cam[:, h].astype(np.float64) @ t_world_cam[:3, :3].T + t_world_cam[:3, 3]
-        frames = np.stack([_frame_from_hand(j) for j in j_world])
+        frames = np.stack([_frame_from_hand(j, side) for j in j_world])
         hand_kp[:, h] = np.einsum("tji,tnj->tni", frames[:, :3, :3], j_world - frames[:, None, :3, 3])
         pq = np.asarray(se3.pos_quat_from_pose(frames.astype(np.float32)), np.float64)
         pq[:, 3:] *= np.sign(pq[:, 3:4] + 1e-12)  # one hemisphere, so interpolation is smooth

@@ -1,0 +1,344 @@
+"""Real-time generation with the causal student: the step function, streaming VAE I/O, re-anchoring.
+
+Three levels, each usable alone:
+  * pure functions of (params, state, inputs) — `make_start`, `make_step`, `anchor_state` for
+    latents, `make_stream_step` / `make_stream_anchor` for pixels (VAE caches carried in the
+    state). These are what gets jitted once and exported (`rynn_jax.export`).
+  * `CausalStudent`: the jitted latent-level functions with input checks on the host, before any
+    device work.
+  * `StreamingSession`: skeleton frames in, RGB frames out, re-anchoring every chunk.
+
+One step = a few-step denoise of one block of `frames_per_block` latent frames against the KV cache
+(4 steps, shift 5 → timesteps [999, 937, 833, 624]), then one t = 0 pass that writes the clean
+block into the cache. Solvers: "x0_euler" (Self-Forcing style: predict x0, re-noise to the next
+sigma with fresh noise) and "unipc" (the released multistep solver on the same sigmas).
+
+Frame 0 of every chunk is the reference image latent (clean, t = 0): in the chunk's first block it
+is pinned before every model call, as TI2V sampling does. B sessions run in lock step (one chunk
+clock), each with its own reference, text, control and noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rynn_jax.diffusion import samplers
+from rynn_jax.diffusion.schedules import flow_sigmas, flow_timesteps
+from rynn_jax.models import causal
+from rynn_jax.models import vae as vae_lib
+from rynn_jax.models.dit import WanDiT
+from rynn_jax.models.vae import WanVAE
+
+State = dict[str, Any]  # plain dicts of arrays: jit/export friendly
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepConfig:
+    num_steps: int = 4  # denoising model calls per block (plus the clean cache-writing pass)
+    shift: float = 5.0  # flow-schedule shift; 4 steps → timesteps [999, 937, 833, 624]
+    solver: Literal["x0_euler", "unipc"] = "x0_euler"
+
+
+def step_schedule(scfg: StepConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Model timesteps (N,) float32 and solver sigmas (N + 1,) ending at 0, both host constants."""
+    sigmas = flow_sigmas(scfg.num_steps, scfg.shift).astype(np.float32).astype(np.float64)  # as the teacher's solver
+    return flow_timesteps(scfg.num_steps, scfg.shift).astype(np.float32), sigmas
+
+
+# --------------------------------------------------------------------------------------------------
+# Latent level: pure functions
+# --------------------------------------------------------------------------------------------------
+
+
+def make_start(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig) -> Callable:
+    """start(params, ref_latent_b1hwc, ctx_bsk) -> state: empty cache + the session's text K/V."""
+
+    def start(params: nnx.State, ref_latent_b1hwc: jax.Array, ctx_bsk: jax.Array) -> State:
+        model = nnx.merge(graphdef, params)
+        cache = causal.init_cache(model, ccfg, ctx_bsk, ref_latent_b1hwc.shape[2:4])
+        return {"cache": cache, "ref_latent": ref_latent_b1hwc.astype(jnp.float32)}
+
+    return start
+
+
+def anchor_state(state: State, ref_latent_b1hwc: jax.Array) -> State:
+    """Re-anchoring: a new chunk on a new reference latent (text K/V kept)."""
+    return {"cache": causal.restart_chunk(state["cache"]), "ref_latent": ref_latent_b1hwc.astype(jnp.float32)}
+
+
+def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfig) -> Callable:
+    """step(params, state, control_latents_block, rng) -> (latents_block, state)."""
+    timesteps_n, sigmas_n1 = step_schedule(scfg)
+
+    def step(params: nnx.State, state: State, control_bfhwc: jax.Array, rng: jax.Array) -> tuple[jax.Array, State]:
+        model = nnx.merge(graphdef, params)
+        cache, ref = state["cache"], state["ref_latent"]
+        b, f = control_bfhwc.shape[:2]
+        shape = (b, f, *ref.shape[2:])
+        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+            rng = jax.random.wrap_key_data(rng)  # raw uint32 key data (exported executables)
+        pin_f = (cache["frames"] + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
+        pin = lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)  # noqa: E731
+
+        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
+            t_bf = jnp.where(pin_f[None], 0.0, t_bf)
+            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0]
+
+        noise = jax.random.normal(jax.random.fold_in(rng, 0), shape, jnp.float32)
+        if scfg.solver == "unipc":
+            x0 = samplers.sample_unipc(velocity, noise, num_steps=scfg.num_steps, shift=scfg.shift)
+        else:
+            x0 = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1)
+        x0 = pin(x0)
+        # The clean pass: K/V of the finished block at t = 0 become context for later blocks.
+        _, cache = causal.forward_block(model, cache, ccfg, x0, jnp.zeros((b, f), jnp.float32),
+                                        control_bfhwc, write=True)
+        return x0, {**state, "cache": cache}
+
+    return step
+
+
+def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n: np.ndarray,
+              sigmas_n1: np.ndarray) -> jax.Array:
+    """x0 = x − σ_i v; x ← (1 − σ_{i+1}) x0 + σ_{i+1} ε_i with fresh ε_i (the last σ is 0)."""
+    b = noise.shape[0]
+    steps = (np.arange(len(timesteps_n)), timesteps_n, sigmas_n1[:-1].astype(np.float32),
+             sigmas_n1[1:].astype(np.float32))
+
+    def body(x, s):
+        i, t, sigma, sigma_next = s
+        x0 = x - sigma * velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32))
+        eps = jax.random.normal(jax.random.fold_in(rng, i + 1), x.shape, x.dtype)
+        return (1.0 - sigma_next) * x0 + sigma_next * eps, None
+
+    # Re-noising the final x0 with σ = 0 is the identity: the carry after the loop is x0.
+    return jax.lax.scan(body, noise, steps)[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Latent level: jitted, checked
+# --------------------------------------------------------------------------------------------------
+
+
+class CausalStudent:
+    """The causal DiT split once, its start/step jitted once (the state is donated)."""
+
+    def __init__(self, model: WanDiT, ccfg: causal.CausalConfig = causal.CausalConfig(),
+                 scfg: StepConfig = StepConfig()):
+        self.cfg, self.ccfg, self.scfg = model.cfg, ccfg, scfg
+        self.graphdef, self.params = nnx.split(model)
+        self.start_fn = jax.jit(make_start(self.graphdef, ccfg))
+        self.step_fn = jax.jit(make_step(self.graphdef, ccfg, scfg), donate_argnums=1)
+        self.anchor_fn = jax.jit(anchor_state, donate_argnums=0)
+
+    def start(self, ref_latent_b1hwc: jax.Array, ctx_bsk: jax.Array) -> State:
+        return self.start_fn(self.params, ref_latent_b1hwc, ctx_bsk)
+
+    def step(self, state: State, control_bfhwc: jax.Array | np.ndarray, rng: jax.Array) -> tuple[jax.Array, State]:
+        check_step_inputs(self.cfg, self.ccfg, state, control_bfhwc)
+        # One dtype, one executable (a bf16 or float64 block would otherwise compile anew).
+        return self.step_fn(self.params, state, jnp.asarray(control_bfhwc, jnp.float32), rng)
+
+    def anchor(self, state: State, ref_latent_b1hwc: jax.Array) -> State:
+        return self.anchor_fn(state, ref_latent_b1hwc)
+
+
+def check_step_inputs(cfg, ccfg: causal.CausalConfig, state: State, control_bfhwc: Any) -> None:
+    """Shape, dtype and finiteness of a step's control block, with clear messages. Shapes come from
+    the state's metadata (no transfer); finiteness is checked on the host for host arrays and by
+    one tiny reduction (not the step) for device arrays."""
+    ref = state["ref_latent"]
+    want = (ref.shape[0], ccfg.frames_per_block, ref.shape[2], ref.shape[3],
+            cfg.control_channels if cfg.control != "none" else cfg.in_channels)
+    shape = tuple(getattr(control_bfhwc, "shape", ()))
+    if shape != want:
+        raise ValueError(f"control block must be (B, frames_per_block, h, w, C) = {want}, got {shape}")
+    if not jnp.issubdtype(control_bfhwc.dtype, jnp.floating):
+        raise ValueError(f"control block must be floating point, got {control_bfhwc.dtype}")
+    finite = np.isfinite(control_bfhwc).all() if isinstance(control_bfhwc, np.ndarray) \
+        else bool(_all_finite(control_bfhwc))
+    if not finite:
+        raise ValueError("control block contains NaN or Inf")
+
+
+@jax.jit
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.isfinite(x).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# Pixel level: streaming VAE around the step
+# --------------------------------------------------------------------------------------------------
+
+
+def encode_block(vae_graphdef: nnx.GraphDef, vae_params: nnx.State, enc_cache: Any,
+                 frames_bthwc: jax.Array) -> tuple[jax.Array, Any]:
+    """4·F frames → F latent frames, streaming (a chunk's first call reads only frame 3)."""
+    b, t = frames_bthwc.shape[:2]
+    chunks = frames_bthwc.reshape(b, t // 4, 4, *frames_bthwc.shape[2:]).swapaxes(0, 1)
+
+    def body(cache, chunk):
+        z, cache = vae_lib.encode_chunk(vae_graphdef, vae_params, cache, chunk)
+        return cache, z[:, 0]
+
+    enc_cache, z_fbhwc = jax.lax.scan(body, enc_cache, chunks)
+    return z_fbhwc.swapaxes(0, 1), enc_cache
+
+
+def decode_block(vae_graphdef: nnx.GraphDef, vae_params: nnx.State, dec_cache: Any,
+                 latents_bfhwc: jax.Array) -> tuple[jax.Array, Any]:
+    """F latent frames → 4·F frames (a chunk's first call gives its frame at index 3, zeros before)."""
+    def body(cache, z_bhwc):
+        y, cache = vae_lib.decode_chunk(vae_graphdef, vae_params, cache, z_bhwc[:, None])
+        return cache, y
+
+    dec_cache, y_fbthwc = jax.lax.scan(body, dec_cache, latents_bfhwc.swapaxes(0, 1))
+    y = y_fbthwc.swapaxes(0, 1)
+    return y.reshape(y.shape[0], -1, *y.shape[3:]), dec_cache
+
+
+def _fresh(vae_cache: Any) -> Any:
+    return jax.tree.map(jnp.zeros_like, vae_cache)
+
+
+def make_stream_start(dit_graphdef: nnx.GraphDef, vae_graphdef: nnx.GraphDef, vae_cfg: vae_lib.WanVAEConfig,
+                      ccfg: causal.CausalConfig) -> Callable:
+    """start(dit_params, vae_params, image_bhw3, ctx_bsk) -> state (image in [-1, 1])."""
+    start = make_start(dit_graphdef, ccfg)
+
+    def stream_start(dit_params, vae_params, image_bhw3: jax.Array, ctx_bsk: jax.Array) -> State:
+        b, h, w, _ = image_bhw3.shape
+        enc = vae_lib.init_encode_cache(vae_cfg, b, h, w)
+        dec = vae_lib.init_decode_cache(vae_cfg, b, h, w)
+        ref, _ = vae_lib.encode_chunk(vae_graphdef, vae_params, enc, jnp.repeat(image_bhw3[:, None], 4, 1))
+        return {"dit": start(dit_params, ref, ctx_bsk), "enc": enc, "dec": dec,
+                "last_rgb": image_bhw3.astype(jnp.float32)}
+
+    return stream_start
+
+
+def make_stream_anchor(vae_graphdef: nnx.GraphDef) -> Callable:
+    """anchor(vae_params, state, image_bhw3, use_image) -> state: a new chunk on `image`, or on the
+    last generated frame when `use_image` is False."""
+
+    def stream_anchor(vae_params, state: State, image_bhw3: jax.Array, use_image: jax.Array) -> State:
+        image_bhw3 = jnp.where(use_image, image_bhw3, state["last_rgb"])
+        enc = _fresh(state["enc"])
+        ref, _ = vae_lib.encode_chunk(vae_graphdef, vae_params, enc, jnp.repeat(image_bhw3[:, None], 4, 1))
+        return {"dit": anchor_state(state["dit"], ref), "enc": enc, "dec": _fresh(state["dec"]),
+                "last_rgb": image_bhw3.astype(jnp.float32)}
+
+    return stream_anchor
+
+
+def make_stream_step(dit_graphdef: nnx.GraphDef, vae_graphdef: nnx.GraphDef, ccfg: causal.CausalConfig,
+                     scfg: StepConfig) -> Callable:
+    """stream_step(dit_params, vae_params, state, skeleton_bthw3, rng) -> (rgb_bthw3, state):
+    4·F skeleton frames → control latents → one causal step → 4·F decoded frames."""
+    step = make_step(dit_graphdef, ccfg, scfg)
+
+    def stream_step(dit_params, vae_params, state: State, skeleton_bthw3: jax.Array, rng: jax.Array):
+        control, enc = encode_block(vae_graphdef, vae_params, state["enc"], skeleton_bthw3)
+        latents, dit_state = step(dit_params, state["dit"], control, rng)
+        rgb, dec = decode_block(vae_graphdef, vae_params, state["dec"], latents)
+        return rgb, {"dit": dit_state, "enc": enc, "dec": dec, "last_rgb": rgb[:, -1]}
+
+    return stream_step
+
+
+# --------------------------------------------------------------------------------------------------
+# Session: frame bookkeeping and re-anchoring on the host
+# --------------------------------------------------------------------------------------------------
+
+
+class StreamingSession:
+    """Skeleton frames in, generated RGB frames out, in [-1, 1], (B, T, H, W, 3).
+
+    A chunk is `chunk_frames` latent frames (21 → 81 video frames). Frame 0 of a chunk is its
+    reference: the session's start image, then at every chunk boundary a supplied real frame
+    (`step(..., next_reference=...)`) or else the last generated frame. Per block the session
+    wants `frames_needed` new skeleton frames and returns as many new RGB frames:
+    1 + 4(F−1) for the session's first block, 4(F−1) for a re-anchored chunk's first block (its
+    frame 0 is the anchor, already shown; its skeleton frame is the previous block's last), 4F else.
+    `chunk_frames=None` (rolling cache only) never re-anchors.
+    """
+
+    def __init__(self, dit: WanDiT, vae: WanVAE, ccfg: causal.CausalConfig = causal.CausalConfig(),
+                 scfg: StepConfig = StepConfig(), *, chunk_frames: int | None = 21):
+        fpb = ccfg.frames_per_block
+        if chunk_frames is None and ccfg.policy != "rolling":
+            raise ValueError("sessions without re-anchoring need the rolling cache policy")
+        if chunk_frames is not None and (chunk_frames % fpb or
+                                         (ccfg.policy == "full" and chunk_frames > ccfg.cache_frames)):
+            raise ValueError(f"chunk_frames ({chunk_frames}) must be a multiple of frames_per_block ({fpb})"
+                             f" and, with the full cache, at most {ccfg.cache_frames}")
+        self.ccfg, self.chunk_frames = ccfg, chunk_frames
+        self.dit_graphdef, self.dit_params = nnx.split(dit)
+        self.vae_graphdef, self.vae_params = nnx.split(vae)
+        self.dit_cfg = dit.cfg
+        self._start = jax.jit(make_stream_start(self.dit_graphdef, self.vae_graphdef, vae.cfg, ccfg))
+        self._step = jax.jit(make_stream_step(self.dit_graphdef, self.vae_graphdef, ccfg, scfg), donate_argnums=2)
+        self._anchor = jax.jit(make_stream_anchor(self.vae_graphdef), donate_argnums=1)
+        self.state: State | None = None
+
+    def start(self, image_bhw3: jax.Array, ctx_bsk: jax.Array, rng: jax.Array) -> None:
+        self.state = self._start(self.dit_params, self.vae_params, jnp.asarray(image_bhw3, jnp.float32),
+                                 jnp.asarray(ctx_bsk))
+        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+            rng = jax.random.wrap_key_data(rng)
+        self.rng, self.blocks, self.chunk_pos, self.chunks = rng, 0, 0, 0
+        self._next_reference = None
+        self.image_shape = tuple(image_bhw3.shape)
+        self._last_skeleton = None
+
+    @property
+    def frames_needed(self) -> int:
+        f = self.ccfg.frames_per_block
+        if self.chunk_pos > 0 and not self._chunk_done:
+            return 4 * f
+        return 1 + 4 * (f - 1) if self.chunks == 0 and self.chunk_pos == 0 else 4 * (f - 1)
+
+    @property
+    def _chunk_done(self) -> bool:
+        return self.chunk_frames is not None and self.chunk_pos == self.chunk_frames
+
+    def step(self, skeleton_bthw3: np.ndarray | jax.Array, next_reference_bhw3: Any = None) -> jax.Array:
+        if self.state is None:
+            raise RuntimeError("call start() first")
+        if next_reference_bhw3 is not None:
+            self._next_reference = jnp.asarray(next_reference_bhw3, jnp.float32)
+        if self._chunk_done:
+            self._reanchor()
+        want = (self.image_shape[0], self.frames_needed, *self.image_shape[1:])
+        if tuple(skeleton_bthw3.shape) != want:
+            raise ValueError(f"this block needs skeleton frames {want}, got {tuple(skeleton_bthw3.shape)}")
+        if isinstance(skeleton_bthw3, np.ndarray) and not np.isfinite(skeleton_bthw3).all():
+            raise ValueError("skeleton frames contain NaN or Inf")
+        skel = jnp.asarray(skeleton_bthw3, jnp.float32)
+        f = self.ccfg.frames_per_block
+        if self.chunk_pos == 0:  # pad to 4F: the chunk's frame 0 is read from index 3
+            first = skel[:, :1] if self.chunks == 0 else self._last_skeleton
+            skel = jnp.concatenate([jnp.repeat(first, 4, 1), skel[:, 1:] if self.chunks == 0 else skel], 1)
+        rgb, self.state = self._step(self.dit_params, self.vae_params, self.state, skel,
+                                     jax.random.key_data(jax.random.fold_in(self.rng, self.blocks)))
+        self._last_skeleton = skel[:, -1:]
+        self.blocks += 1
+        self.chunk_pos += f
+        if self.chunk_pos == f:  # first block: drop the decoder's padding (and a repeated anchor)
+            rgb = rgb[:, 3:] if self.chunks == 0 else rgb[:, 4:]
+        return rgb
+
+    def _reanchor(self) -> None:
+        image = self._next_reference
+        self._next_reference = None
+        use_image = image is not None
+        image = image if use_image else jnp.zeros_like(self.state["last_rgb"])
+        self.state = self._anchor(self.vae_params, self.state, image, jnp.asarray(use_image))
+        self.chunk_pos, self.chunks = 0, self.chunks + 1
