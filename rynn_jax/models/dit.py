@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -126,24 +127,42 @@ class WanAttention(nnx.Module):
         self.norm_q = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
         self.norm_k = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
 
-    def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
-                 rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+    # Pieces, so the causal student can cache K/V and attend over a cache with the same weights.
+
+    def query(self, x_bld: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+        """Normed, head-split (and rotated) queries (B, L, N, H)."""
         cfg = self.cfg
-        dtype = jnp.dtype(cfg.dtype)
-        x_bld = x_bld.astype(dtype)
-        kv_bsd = x_bld if ctx_bsd is None else ctx_bsd.astype(dtype)
-        q = rms_norm(self.q(x_bld), self.norm_q[...], cfg.eps)
+        q = rms_norm(self.q(x_bld.astype(jnp.dtype(cfg.dtype))), self.norm_q[...], cfg.eps)
+        q_blnh = q.reshape(*q.shape[:2], cfg.num_heads, cfg.head_dim)
+        return q_blnh if rope_cs is None else rope.apply_rope(q_blnh, *rope_cs)
+
+    def key_value(self, kv_bsd: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
+        """Normed keys (rotated when rope_cs is given) and values, each (B, S, N, H)."""
+        cfg = self.cfg
+        kv_bsd = kv_bsd.astype(jnp.dtype(cfg.dtype))
         k = rms_norm(self.k(kv_bsd), self.norm_k[...], cfg.eps)
         v = self.v(kv_bsd)
         split = lambda a: a.reshape(*a.shape[:2], cfg.num_heads, cfg.head_dim)  # noqa: E731
-        q_blnh, k_bsnh, v_bsnh = split(q), split(k), split(v)
-        if rope_cs is not None:
-            q_blnh = rope.apply_rope(q_blnh, *rope_cs)
-            k_bsnh = rope.apply_rope(k_bsnh, *rope_cs)
+        k_bsnh, v_bsnh = split(k), split(v)
+        return (k_bsnh if rope_cs is None else rope.apply_rope(k_bsnh, *rope_cs)), v_bsnh
+
+    def attend(self, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
+               mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
+        """Attention + output projection. `kv_len_b` masks keys past a per-sample length (a padding
+        mask, which cuDNN supports natively); `mask_bnls` is a general boolean mask."""
+        cfg = self.cfg
         q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
         out_blnh = jax.nn.dot_product_attention(
-            q_blnh, k_bsnh, v_bsnh, implementation=_attention_impl(cfg, dtype))
+            q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
+            implementation=_attention_impl(cfg, q_blnh.dtype))
         return self.o(out_blnh.reshape(*out_blnh.shape[:2], cfg.dim))
+
+    def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
+                 rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+        q_blnh = self.query(x_bld, rope_cs)
+        k_bsnh, v_bsnh = self.key_value(x_bld if ctx_bsd is None else ctx_bsd, rope_cs)
+        return self.attend(q_blnh, k_bsnh, v_bsnh)
 
 
 class WanBlock(nnx.Module):
@@ -165,6 +184,15 @@ class WanBlock(nnx.Module):
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
                  rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
+        return self.forward(x_bld, ctx_bsd, tproj_bf6d, num_frames,
+                            self_attention=lambda attn, h: (attn(h, rope_cs=rope_cs), None))[0]
+
+    def forward(self, x_bld: jax.Array, ctx_bsd: jax.Array | None, tproj_bf6d: jax.Array, num_frames: int,
+                *, self_attention: Callable[[WanAttention, jax.Array], tuple[jax.Array, Any]],
+                cross_kv: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, Any]:
+        """The block with a pluggable self-attention `(attn, h_bld) -> (out_bld, aux)` (the causal
+        student attends over its KV cache and returns the new K/V as aux) and optionally
+        precomputed text K/V. Returns (x, aux)."""
         cfg = self.cfg
         b, l, d = x_bld.shape
         mod = self.modulation[...].astype(jnp.float32)[None, None] + tproj_bf6d  # (B, F, 6, D)
@@ -173,19 +201,23 @@ class WanBlock(nnx.Module):
         as_tokens = lambda a: a.reshape(b, l, d)  # noqa: E731
 
         h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_a, scale_a)
-        h = self.self_attn(as_tokens(h), rope_cs=rope_cs)
+        h, aux = self_attention(self.self_attn, as_tokens(h))
         x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_a[:, :, None])
 
         h = layer_norm(x_bld, cfg.eps) * self.norm_cross_scale[...].astype(jnp.float32) \
             + self.norm_cross_bias[...].astype(jnp.float32)
-        x_bld = x_bld + self.cross_attn(h, ctx_bsd).astype(jnp.float32)
+        if cross_kv is None:
+            h = self.cross_attn(h, ctx_bsd)
+        else:
+            h = self.cross_attn.attend(self.cross_attn.query(h), *cross_kv)
+        x_bld = x_bld + h.astype(jnp.float32)
 
         h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_f, scale_f)
         h = self.ffn_up(as_tokens(h).astype(jnp.dtype(cfg.dtype)))
         h = constrain(h, ("act_batch", "act_len", "act_mlp"))
         h = self.ffn_down(jax.nn.gelu(h, approximate=True))
         x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_f[:, :, None])
-        return constrain(x_bld, ("act_batch", "act_len", "act_embed"))
+        return constrain(x_bld, ("act_batch", "act_len", "act_embed")), aux
 
 
 _REMAT_POLICIES = {
@@ -249,7 +281,14 @@ class WanDiT(nnx.Module):
 
     def run_blocks(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
                    rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
-        """All blocks with one `lax.scan` over the stacked layer axis (compiles one block, not 30).
+        """All blocks with one `lax.scan` over the stacked layer axis (compiles one block, not 30)."""
+        return self.scan_blocks(
+            lambda block, x, _: (block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames), None), x_bld)[0]
+
+    def scan_blocks(self, layer_fn: Callable[[WanBlock, jax.Array, Any], tuple[jax.Array, Any]],
+                    x_bld: jax.Array, layer_xs: Any = None) -> tuple[jax.Array, Any]:
+        """`layer_fn(block, x, xs_l) -> (x, ys_l)` scanned over the layers with per-layer inputs
+        `layer_xs` (leading layer axis) → (x, stacked ys).
 
         Plain `lax.scan` over the split block state, not `nnx.scan`: the model may itself be used
         inside a caller's scan (the sampler's step loop, the causal rollout), where NNX transforms
@@ -257,13 +296,13 @@ class WanDiT(nnx.Module):
         cfg = self.cfg
         graphdef, state = nnx.split(self.blocks)
 
-        def body(x: jax.Array, layer_state) -> tuple[jax.Array, None]:
-            block = nnx.merge(graphdef, layer_state)
-            return block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames), None
+        def body(x: jax.Array, inputs) -> tuple[jax.Array, Any]:
+            layer_state, xs_l = inputs
+            return layer_fn(nnx.merge(graphdef, layer_state), x, xs_l)
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-        return jax.lax.scan(body, x_bld, state)[0]
+        return jax.lax.scan(body, x_bld, (state, layer_xs))
 
     def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
         cfg = self.cfg

@@ -1,0 +1,149 @@
+"""Per-block latency of the causal student's step (few-step denoise + clean cache-writing pass).
+
+    python bench/bench_causal.py --out bench/results/causal_h200.json          # 5B, 480×832, bf16
+    python bench/bench_causal.py --tiny --layers 1 --out /tmp/causal_cpu.json  # CPU smoke check
+
+Full Wan2.2-TI2V-5B config (random weights, bf16, cuDNN attention on GPU) at 480×832 → 30×52 latent
+→ 390 tokens per latent frame, 3 latent frames (12 video frames) per block, text context 512. One
+chunk = 7 blocks (21 latent frames) against the 21-frame cache; the table gives each block's
+position in the chunk (the cache fills up), then a rolling-cache steady state. Also times a single
+model pass against a full cache. Prints the AOT memory analysis, a table and JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=None, help="fewer layers (smoke runs)")
+    p.add_argument("--tiny", action="store_true", help="tiny model and latent grid (CPU smoke check)")
+    p.add_argument("--batch", type=int, default=1, help="sessions batched in one step")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--solver", choices=["x0_euler", "unipc"], default="x0_euler")
+    p.add_argument("--frames-per-block", type=int, default=3)
+    p.add_argument("--window", type=int, default=20, help="cached latent frames after the sink")
+    p.add_argument("--attention", choices=["auto", "cudnn", "xla"], default="auto")
+    p.add_argument("--chunks", type=int, default=3, help="timed chunks (the first one is warm-up)")
+    p.add_argument("--rolling-blocks", type=int, default=10)
+    p.add_argument("--out", default="bench/results/causal.json")
+    a = p.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rynn_jax import export
+    from rynn_jax.models import causal
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+    from rynn_jax.teleop import streaming
+
+    overrides = dict(attention=a.attention)
+    if a.layers:
+        overrides["num_layers"] = a.layers
+    if a.tiny:
+        cfg = WanDiTConfig.tiny(control="add", **overrides)
+        hw, text_len = (4, 6), cfg.text_len
+    else:
+        cfg = WanDiTConfig.ti2v_5b(control="add", dtype="bfloat16", param_dtype="bfloat16", **overrides)
+        hw, text_len = (30, 52), 512
+    tokens = (hw[0] // 2) * (hw[1] // 2)
+    fpb, b = a.frames_per_block, a.batch
+    scfg = streaming.StepConfig(num_steps=a.steps, solver=a.solver)
+
+    with nnx.use_eager_sharding(False):
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
+        params = jax.jit(lambda: nnx.state(WanDiT(cfg, rngs=nnx.Rngs(0))))()
+    key = jax.random.key(0)
+    ref = jax.random.normal(key, (b, 1, *hw, cfg.in_channels), jnp.float32)
+    ctx = jax.random.normal(key, (b, text_len, cfg.text_dim), jnp.float32)
+    control = jax.random.normal(key, (b, fpb, *hw, cfg.control_channels), jnp.float32)
+    rng = jax.random.key_data(key)
+    print(f"backend {jax.default_backend()}, {jax.devices()[0].device_kind}; layers {cfg.num_layers}, "
+          f"dim {cfg.dim}, {tokens} tokens/frame, {fpb} frames/block, batch {b}, {a.steps} steps ({a.solver}), "
+          f"dtype {cfg.dtype}", flush=True)
+
+    rows, results = [], {}
+    for policy in ("full", "rolling"):
+        ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window, policy=policy)
+        start = jax.jit(streaming.make_start(graphdef, ccfg))
+        state = start(params, ref, ctx)
+        t0 = time.perf_counter()
+        step = export.compile_aot(streaming.make_step(graphdef, ccfg, scfg), params, state, control, rng,
+                                  donate_argnums=(1,), name=f"step/{policy}")
+        results[f"compile_s/{policy}"] = time.perf_counter() - t0
+        anchor = jax.jit(streaming.anchor_state, donate_argnums=0)
+
+        def run_block(state, step=step):
+            t0 = time.perf_counter()
+            x, state = step(params, state, control, rng)
+            x.block_until_ready()
+            return (time.perf_counter() - t0) * 1e3, state
+
+        if policy == "full":
+            per_block: dict[int, list[float]] = {}
+            blocks = ccfg.cache_frames // fpb
+            for c in range(a.chunks):
+                state = anchor(state, ref)
+                for i in range(blocks):
+                    ms, state = run_block(state)
+                    if c > 0:
+                        per_block.setdefault(i, []).append(ms)
+            for i, ts in per_block.items():
+                rows.append(dict(policy=policy, block=i, cached_frames=min(i * fpb, ccfg.cache_frames),
+                                 median_ms=statistics.median(ts), min_ms=min(ts)))
+        else:
+            for _ in range(ccfg.cache_frames // fpb + 2):  # fill and wrap the ring first
+                _, state = run_block(state)
+            ts = []
+            for _ in range(a.rolling_blocks):
+                ms, state = run_block(state)
+                ts.append(ms)
+            rows.append(dict(policy=policy, block="steady", cached_frames=ccfg.cache_frames,
+                             median_ms=statistics.median(ts), min_ms=min(ts)))
+        del state
+
+    # One model pass of a block against a full cache (what each of the steps + 1 costs).
+    ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window)
+    state = jax.jit(streaming.make_start(graphdef, ccfg))(params, ref, ctx)
+    cache = {**state["cache"], "frames": jnp.int32(ccfg.cache_frames - fpb)}
+    z = jax.random.normal(key, (b, fpb, *hw, cfg.in_channels), jnp.float32)
+    t_bf = jnp.full((b, fpb), 937.0)
+    one_pass = jax.jit(lambda p, cache: causal.forward_block(nnx.merge(graphdef, p), cache, ccfg, z, t_bf, control,
+                                                             write=False)[0])
+    one_pass(params, cache).block_until_ready()
+    ts = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        one_pass(params, cache).block_until_ready()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    results["one_pass_full_cache_ms"] = statistics.median(ts)
+
+    video_frames = 4 * fpb
+    print(f"\n{'policy':8s} {'block':>6s} {'cached':>6s} {'median ms':>10s} {'min ms':>8s} {'ms/video frame':>15s} {'fps':>6s}")
+    for r in rows:
+        r["ms_per_video_frame"] = r["median_ms"] / video_frames / b
+        r["fps"] = 1e3 / r["ms_per_video_frame"]
+        print(f"{r['policy']:8s} {str(r['block']):>6s} {r['cached_frames']:6d} {r['median_ms']:10.2f} "
+              f"{r['min_ms']:8.2f} {r['ms_per_video_frame']:15.2f} {r['fps']:6.1f}")
+    print(f"one model pass (block of {fpb} vs full cache): {results['one_pass_full_cache_ms']:.2f} ms; "
+          f"compile {results['compile_s/full']:.1f} s")
+    out = dict(rows=rows, **results, argv=sys.argv[1:], backend=jax.default_backend(),
+               device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
+               frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype)
+    print("JSON " + json.dumps(out))
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Compiled executables of the causal step: AOT compile for fixed shapes, and `jax.export` files
+that a server loads and runs without the model's Python code.
+
+An export directory holds
+    step.jaxexport   the serialized StableHLO of step(param_leaves, state, control, rng_key_data)
+    start.jaxexport  start(param_leaves, ref_latent, ctx) -> state (text K/V, empty cache)
+    params.npz       the parameter leaves in the order the executables take them
+    meta.json        shapes/dtypes of the inputs, for checks and for building inputs
+Parameters enter as a flat list and the state is a plain dict of arrays, so the only pytrees in the
+calling convention are lists and dicts (no NNX classes are needed to load or call). The batch of B
+sessions is part of the shapes: one executable serves B sessions in lock step.
+
+`load` imports nothing from the model; a server needs jax, numpy and these files.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# --------------------------------------------------------------------------------------------------
+# AOT compile
+# --------------------------------------------------------------------------------------------------
+
+
+def compile_aot(fn: Callable, *args: Any, in_shardings: Any = None, out_shardings: Any = None,
+                donate_argnums: Sequence[int] = (), name: str = "step", verbose: bool = True
+                ) -> jax.stages.Compiled:
+    """`jit(fn).lower(*args).compile()` for the given (abstract or concrete) arguments; prints the
+    compiled memory analysis. Shardings as in `jax.jit` (None: let the compiler choose)."""
+    kw = {}
+    if in_shardings is not None:
+        kw["in_shardings"] = in_shardings
+    if out_shardings is not None:
+        kw["out_shardings"] = out_shardings
+    compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums), **kw).lower(*args).compile()
+    if verbose:
+        print(format_memory(compiled, name))
+    return compiled
+
+
+def format_memory(compiled: jax.stages.Compiled, name: str) -> str:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return f"[{name}] memory analysis not available on this backend"
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+              "temp_size_in_bytes", "generated_code_size_in_bytes")
+    parts = [f"{f.replace('_size_in_bytes', '')} {getattr(stats, f, 0) / 2**20:.1f} MiB" for f in fields]
+    return f"[{name}] " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------------
+
+
+def _flat(fn_with_params: Callable, params: Any) -> tuple[Callable, list[jax.Array]]:
+    """fn(params, *rest) → fn(param_leaves: list, *rest) with the parameter treedef closed over."""
+    leaves, treedef = jax.tree.flatten(params)
+
+    def flat_fn(param_leaves: list, *rest):
+        return fn_with_params(jax.tree.unflatten(treedef, param_leaves), *rest)
+
+    return flat_fn, leaves
+
+
+def _spec(x: Any) -> dict:
+    return {"shape": list(x.shape), "dtype": str(x.dtype)}
+
+
+def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch: int,
+                       latent_hw: tuple[int, int], platforms: Sequence[str] | None = None,
+                       state_shardings: Any = None) -> pathlib.Path:
+    """Export start + step of the causal student for `batch` sessions at `latent_hw` (h, w)."""
+    from flax import nnx
+
+    from rynn_jax.teleop import streaming
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    graphdef, params = nnx.split(model)
+    start, leaves = _flat(streaming.make_start(graphdef, ccfg), params)
+    step, _ = _flat(streaming.make_step(graphdef, ccfg, scfg), params)
+    leaf_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    ref = jax.ShapeDtypeStruct((batch, 1, *latent_hw, cfg.in_channels), jnp.float32)
+    ctx = jax.ShapeDtypeStruct((batch, cfg.text_len, cfg.text_dim), jnp.float32)
+    c_channels = cfg.control_channels if cfg.control != "none" else cfg.in_channels
+    control = jax.ShapeDtypeStruct((batch, ccfg.frames_per_block, *latent_hw, c_channels), jnp.float32)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)  # raw threefry key data
+    state = jax.eval_shape(start, leaf_specs, ref, ctx)
+
+    kw = {} if platforms is None else {"platforms": tuple(platforms)}
+    step_jit = jax.jit(step, donate_argnums=1,
+                       **({} if state_shardings is None else {"in_shardings": (None, state_shardings, None, None)}))
+    exp_step = jax.export.export(step_jit, **kw)(leaf_specs, state, control, rng)
+    exp_start = jax.export.export(jax.jit(start), **kw)(leaf_specs, ref, ctx)
+    (out / "step.jaxexport").write_bytes(exp_step.serialize())
+    (out / "start.jaxexport").write_bytes(exp_start.serialize())
+    _save_leaves(out / "params.npz", leaves)
+    meta = {"batch": batch, "latent_hw": list(latent_hw), "frames_per_block": ccfg.frames_per_block,
+            "window_frames": ccfg.window_frames, "policy": ccfg.policy, "num_steps": scfg.num_steps,
+            "solver": scfg.solver, "shift": scfg.shift, "num_params": len(leaves),
+            "inputs": {"ref_latent": _spec(ref), "ctx": _spec(ctx), "control": _spec(control), "rng": _spec(rng)}}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return out
+
+
+def _save_leaves(path: pathlib.Path, leaves: list) -> None:
+    # bfloat16 has no numpy dtype code: store raw bits and the dtype name.
+    arrays, dtypes = {}, []
+    for i, x in enumerate(leaves):
+        a = np.asarray(x)
+        dtypes.append(str(a.dtype))
+        arrays[f"p{i:05d}"] = a.view(np.uint16) if a.dtype == jnp.bfloat16 else a
+    np.savez(path, dtypes=np.array(dtypes), **arrays)
+
+
+def _load_leaves(path: pathlib.Path) -> list[jax.Array]:
+    with np.load(path) as f:
+        dtypes = list(f["dtypes"])
+        return [jnp.asarray(f[f"p{i:05d}"].view(jnp.bfloat16) if d == "bfloat16" else f[f"p{i:05d}"])
+                for i, d in enumerate(dtypes)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Load (server side: no model code)
+# --------------------------------------------------------------------------------------------------
+
+
+class LoadedStep:
+    """A loaded export: `start(ref_latent, ctx) -> state`, `step(state, control, rng_key_data) ->
+    (latents, state)`, both running the deserialized executables with the stored parameters."""
+
+    def __init__(self, export_dir: str | pathlib.Path):
+        d = pathlib.Path(export_dir)
+        self.meta = json.loads((d / "meta.json").read_text())
+        self._step = jax.export.deserialize(bytearray((d / "step.jaxexport").read_bytes()))
+        self._start = jax.export.deserialize(bytearray((d / "start.jaxexport").read_bytes()))
+        self.params = _load_leaves(d / "params.npz")
+        self._call_step = jax.jit(self._step.call, donate_argnums=1)
+        self._call_start = jax.jit(self._start.call)
+
+    def start(self, ref_latent: Any, ctx: Any) -> dict:
+        return self._call_start(self.params, jnp.asarray(ref_latent), jnp.asarray(ctx))
+
+    def step(self, state: dict, control: Any, rng_key_data: Any) -> tuple[jax.Array, dict]:
+        want = self.meta["inputs"]["control"]
+        if list(np.shape(control)) != want["shape"]:
+            raise ValueError(f"control block must have shape {want['shape']}, got {list(np.shape(control))}")
+        return self._call_step(self.params, state, jnp.asarray(control), jnp.asarray(rng_key_data, jnp.uint32))
+
+
+def load(export_dir: str | pathlib.Path) -> LoadedStep:
+    return LoadedStep(export_dir)

@@ -1,0 +1,187 @@
+"""Causal student: KV-cached rollout == block-causal forward, == teacher for one block, constant
+memory and one compilation over long rolling sessions, input checks, streaming re-anchoring."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rynn_jax.models import causal
+from rynn_jax.models.dit import WanDiTConfig, init_dit
+from rynn_jax.teleop import streaming
+
+CFG = WanDiTConfig.tiny(control="add", num_layers=2)
+LATENT_HW = (2, 4)  # → 2 tokens per latent frame
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = init_dit(CFG, seed=1)
+    # Move every parameter off its init (the control branch starts at zero) so nothing is inert.
+    rng = np.random.default_rng(0)
+    params = nnx.state(m, nnx.Param)
+    nnx.update(m, jax.tree.map(lambda a: a + 0.1 * jnp.asarray(rng.standard_normal(a.shape), a.dtype), params))
+    return m
+
+
+def _latents(rng, b, f, c=8):
+    return jnp.asarray(rng.standard_normal((b, f, *LATENT_HW, c)), jnp.float32)
+
+
+def _jitted_block(model, ccfg, write):
+    graphdef, state = nnx.split(model)
+    fn = jax.jit(lambda s, cache, z, t, c: causal.forward_block(nnx.merge(graphdef, s), cache, ccfg, z, t, c,
+                                                                 write=write))
+    return lambda *a: fn(state, *a)
+
+
+def test_cached_rollout_equals_block_causal_forward(model):
+    """Teacher forcing: noisy block i attends to the clean blocks < i and to itself. The rollout
+    denoises block i against the cache (no write), then writes the clean block; one masked forward
+    of [clean; noisy] must give the same velocities."""
+    fpb, blocks, b = 2, 3, 2
+    f = fpb * blocks
+    rng = np.random.default_rng(1)
+    clean, noisy, control = _latents(rng, b, f), _latents(rng, b, f), _latents(rng, b, f)
+    t_clean = jnp.asarray(rng.uniform(0, 50, (b, f)), jnp.float32)
+    t_noisy = jnp.asarray(rng.uniform(0, 1000, (b, f)), jnp.float32)
+    ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
+
+    ref = jax.jit(lambda *a: causal.block_causal_forward(model, *a[:4], frames_per_block=fpb, noisy_bthwc=a[4],
+                                                         noisy_t_bf=a[5]))(clean, t_clean, ctx, control, noisy, t_noisy)
+    ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=f - 1)
+    denoise, write = _jitted_block(model, ccfg, False), _jitted_block(model, ccfg, True)
+    cache = causal.init_cache(model, ccfg, ctx, LATENT_HW)
+    outs = []
+    for i in range(blocks):
+        blk = slice(i * fpb, (i + 1) * fpb)
+        v, same = denoise(cache, noisy[:, blk], t_noisy[:, blk], control[:, blk])
+        assert same is cache or all(jnp.all(same[k] == cache[k]) for k in cache)
+        _, cache = write(cache, clean[:, blk], t_clean[:, blk], control[:, blk])
+        outs.append(v)
+    assert int(cache["frames"]) == f
+    assert rel_err(jnp.concatenate(outs, 1), ref) < 1e-5
+
+
+def test_one_block_with_full_cache_is_the_teacher(model):
+    """frames_per_block = all frames: the single block (reference latent at t=0 as frame 0) is
+    exactly the bidirectional TI2V forward."""
+    f, b = 5, 2
+    rng = np.random.default_rng(2)
+    z, control = _latents(rng, b, f), _latents(rng, b, f)
+    t = jnp.asarray(np.c_[np.zeros((b, 1)), np.full((b, f - 1), 937.0)], jnp.float32)
+    ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
+    teacher = jax.jit(model.__call__)(z, t, ctx, control)
+    ccfg = causal.CausalConfig(frames_per_block=f, window_frames=f - 1, policy="full")
+    v, _ = _jitted_block(model, ccfg, False)(causal.init_cache(model, ccfg, ctx, LATENT_HW), z, t, control)
+    assert rel_err(v, teacher) < 1e-5
+
+
+def test_slot_positions_relative_to_window():
+    # W = 4, newest frame 9: ring slots 1..4 hold frames 9, 6, 7, 8 → positions 4, 1, 2, 3.
+    assert causal.frame_slots(jnp.arange(10), 4).tolist() == [0, 1, 2, 3, 4, 1, 2, 3, 4, 1]
+    assert causal.slot_positions(jnp.int32(9), 4).tolist() == [0, 4, 1, 2, 3]
+    # Before the ring is full, positions are absolute (stale slots are masked by the key length).
+    assert causal.slot_positions(jnp.int32(3), 4)[:4].tolist() == [0, 1, 2, 3]
+
+
+def test_step_schedule():
+    t, sigmas = streaming.step_schedule(streaming.StepConfig())
+    assert t.tolist() == [999, 937, 833, 624]
+    assert sigmas[-1] == 0.0 and np.all(np.diff(sigmas) < 0)
+
+
+def _start_inputs(rng, b=2):
+    ref = _latents(rng, b, 1)
+    ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
+    return ref, ctx
+
+
+def test_rolling_session_constant_memory_one_compile(model):
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
+    student = streaming.CausalStudent(model, ccfg, streaming.StepConfig(num_steps=2))
+    rng = np.random.default_rng(3)
+    ref, ctx = _start_inputs(rng)
+    state = student.start(ref, ctx)
+    shapes0 = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+    live = []
+    for i in range(12):  # 24 frames through a 1 + 3 frame cache: wraps many times
+        x, state = student.step(state, rng.standard_normal((2, 2, *LATENT_HW, 8)).astype(np.float32),
+                                jax.random.key(i))
+        assert bool(jnp.isfinite(x).all())
+        if i == 0:
+            assert bool(jnp.all(x[:, 0] == ref[:, 0]))  # the chunk's frame 0 is the reference
+        del x
+        live.append(sum(a.nbytes for a in jax.live_arrays()))
+    assert int(state["cache"]["frames"]) == 24
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), state) == shapes0
+    assert len(set(live[2:])) == 1, live  # no growth
+    # A second session and re-anchoring reuse the same executables.
+    state = student.anchor(student.start(ref, ctx), ref)
+    _, state = student.step(state, np.zeros((2, 2, *LATENT_HW, 8), np.float32), jax.random.key(0))
+    assert student.step_fn._cache_size() == 1 and student.start_fn._cache_size() == 1
+
+
+def test_unipc_solver_runs_and_pins_reference(model):
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=4)
+    student = streaming.CausalStudent(model, ccfg, streaming.StepConfig(solver="unipc"))
+    rng = np.random.default_rng(4)
+    ref, ctx = _start_inputs(rng, b=1)
+    x, state = student.step(student.start(ref, ctx), np.zeros((1, 2, *LATENT_HW, 8), np.float32), jax.random.key(1))
+    assert bool(jnp.isfinite(x).all()) and bool(jnp.all(x[:, 0] == ref[:, 0]))
+    assert int(state["cache"]["frames"]) == 2
+
+
+def test_bad_step_inputs_fail_before_device_work(model):
+    student = streaming.CausalStudent(model, causal.CausalConfig(frames_per_block=2, window_frames=4))
+    rng = np.random.default_rng(5)
+    state = student.start(*_start_inputs(rng))
+    with pytest.raises(ValueError, match="control block must be"):
+        student.step(state, np.zeros((2, 3, *LATENT_HW, 8), np.float32), jax.random.key(0))
+    with pytest.raises(ValueError, match="control block must be"):
+        student.step(state, np.zeros((2, 2, 4, 4, 8), np.float32), jax.random.key(0))
+    bad = np.zeros((2, 2, *LATENT_HW, 8), np.float32)
+    bad[1, 1, 0, 0, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        student.step(state, bad, jax.random.key(0))
+    with pytest.raises(ValueError, match="NaN"):
+        student.step(state, jnp.asarray(bad), jax.random.key(0))
+    assert student.step_fn._cache_size() == 0  # never traced, let alone run
+
+
+def test_streaming_session_reanchors(model):
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+
+    dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
+    vae = init_vae(WanVAEConfig.tiny(), seed=0)
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3)
+    session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=1), chunk_frames=4)
+    rng = np.random.default_rng(6)
+    image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)  # latent 2×4
+    session.start(image, rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32), jax.random.key(0))
+    got, refs = [], []
+    for i in range(6):  # 3 chunks of 2 blocks; the second boundary uses a supplied real frame
+        n = session.frames_needed
+        supplied = image if i == 3 else None
+        out = session.step(rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32), supplied)
+        assert out.shape[1] == n and bool(jnp.isfinite(out).all())
+        got.append(n)
+        refs.append(np.asarray(session.state["dit"]["ref_latent"]))
+    # chunk of 4 latent frames = 13 video frames; later chunks add 12 (their frame 0 is the anchor)
+    assert got == [5, 8, 4, 8, 4, 8] and session.chunks == 2
+    # chunk 1 re-anchors on the last generated frame, chunk 2 on the supplied start image again
+    assert not np.allclose(refs[2], refs[0], atol=1e-3)
+    np.testing.assert_allclose(refs[4], refs[0], atol=1e-5)
+    assert session._step._cache_size() == 1 and session._anchor._cache_size() == 1
+    with pytest.raises(ValueError, match="needs skeleton frames"):
+        session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
