@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rynn_jax.kinematics import fk, hand_retarget, ik, mjcf_model, retarget, se3, tracker
 
