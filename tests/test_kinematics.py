@@ -333,3 +333,13 @@ def test_ik_agrees_with_mink(emb):
         diffs.append(np.abs(conf.q[layout.LEFT_ARM] - np.asarray(ours.q_n[len(diffs)])).max())
     assert np.all(np.asarray(errs) < 1e-3) and np.all(ours.converged)
     assert np.median(diffs) < 0.05
+
+
+def test_sigma_max_power_iteration_matches_svd(x64):
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal((6, 7)), rng.standard_normal((3, 2)),
+             np.diag([2.0, 2.0 - 1e-9, 1.0, 0.5, 0.1, 0.0])[:, :6] @ np.eye(6, 7),  # σ₁ ≈ σ₂
+             np.zeros((6, 7))]
+    for j in cases:
+        want = np.linalg.svd(j, compute_uv=False)[0]
+        np.testing.assert_allclose(float(ik.sigma_max(jnp.asarray(j))), want, rtol=1e-8, atol=1e-12)

@@ -11,8 +11,8 @@ where q_ref comes from a partial IK that moves the elbow (M6 joint 4 origin) tow
 upper-arm tracker's reference using only the 3×2 sub-Jacobian of q0, q1, and w = 0.5 on them.
 
 We evaluate J#_λ as Jᵀ(JJᵀ + λ²I)⁻¹, the same matrix in closed form (V diag(σ/(σ²+λ²)) Uᵀ,
-tested to 1e-12): it needs only σ_max from the SVD, whose gradient (u₁v₁ᵀ) is finite even
-where singular values cross, so the solver stays differentiable at singular arms.
+tested to 1e-12): it needs only σ_max, taken by power iteration (no SVD, which is slow batched
+on GPUs), so the solver stays differentiable at singular arms.
 
 Static shapes: a fixed `n_iters` loop (lax.fori_loop, reverse-differentiable) with a
 per-problem "done" mask that freezes a solution once it meets the tolerances. `vmap` over
@@ -72,9 +72,23 @@ def damped_pinv_svd(j_mn: Array, lam: Array) -> Array:
     return (vt.T * (s / (s * s + lam * lam))) @ u.T
 
 
+def sigma_max(j_mn: Array, iters: int = 16) -> Array:
+    """Largest singular value of J by power iteration on the smaller Gram matrix.
+
+    Batched SVD is slow on GPUs (it dominated a vmapped solve); a few small mat-vecs are not.
+    The Rayleigh quotient is accurate even when σ₁ ≈ σ₂ (then any vector in their span gives
+    ≈ σ₁²), which is the only case where power iteration converges slowly."""
+    g = j_mn @ j_mn.T if j_mn.shape[0] <= j_mn.shape[1] else j_mn.T @ j_mn
+    # A fixed start with distinct entries: never orthogonal to the top eigenvector in practice.
+    v = jnp.linspace(1.0, 2.0, g.shape[0], dtype=g.dtype)
+    for _ in range(iters):
+        v = g @ v
+        v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(g.dtype).tiny)
+    return jnp.sqrt(jnp.maximum(v @ (g @ v), 0.0))
+
+
 def adaptive_lambda(j_mn: Array, cfg: IKConfig) -> Array:
-    sigma_max = jnp.linalg.svd(j_mn, compute_uv=False)[0]
-    return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max)
+    return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max(j_mn))
 
 
 def _target_ok(t_44: Array, cfg: IKConfig) -> Array:
