@@ -1,0 +1,13 @@
+"""Stage 1 (human egocentric), LORA: EgoDex (81-frame clips) + VITRA (25-frame clips) with the
+skeleton control branch, lr 2e-5 (paper Sec. 3.4/5.1). Starts from the stage-0 weights exported with
+rynn_jax.convert layout. The paper gives neither the step count nor the EgoDex:VITRA ratio: batches
+are mixed by clip count (0.91M : 1.23M) and total_steps is a placeholder to set per run."""
+
+from configs import base_5b
+
+
+def get_config():
+    return base_5b.config(control="add", lora_rank=64, lr=2e-5, total_steps=20000,
+                          sources={"egodex": base_5b.EGODEX, "vitra": base_5b.VITRA},
+                          weights={"egodex": 0.91, "vitra": 1.23},
+                          init_from="checkpoints/stage0_export", ckpt_dir="runs/stage1_lora")

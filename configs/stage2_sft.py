@@ -1,0 +1,10 @@
+"""Stage 2 (robot), SFT: 1,800 paired teleop clips (81 frames), lr 1e-5 (paper Sec. 3.4/5.1), from
+the stage-1 weights (exported, rynn_jax.convert layout). total_steps is a placeholder (not in the paper)."""
+
+from configs import base_5b
+
+
+def get_config():
+    return base_5b.config(control="add", lora_rank=0, lr=1e-5, total_steps=5000,
+                          sources={"robot": base_5b.ROBOT}, weights={"robot": 1.0},
+                          init_from="checkpoints/stage1_sft_export", ckpt_dir="runs/stage2_sft")

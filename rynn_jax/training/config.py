@@ -1,0 +1,163 @@
+"""Training configuration: frozen dataclasses, one comment per field; recipes live in `configs/*.py`
+(each defines `get_config() -> TrainConfig`), command-line overrides are `--set a.b=value`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Literal
+
+from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.sharding import MeshConfig
+from rynn_jax.training.lora import LoraConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 2e-5  # peak learning rate (paper: 2e-5 stage 0/1, 1e-5 stage 2)
+    warmup_steps: int = 200  # linear warm-up from 0
+    schedule: Literal["cosine", "constant"] = "cosine"  # after warm-up (released code: cosine)
+    end_lr_factor: float = 0.0  # cosine ends at lr · end_lr_factor
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01  # AdamW decoupled decay
+    grad_clip: float = 1.0  # global-norm clipping; 0 = off
+    ema_decay: float = 0.999  # EMA of trained params, kept in the state; 0 = no EMA
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    shift: float = 5.0  # sigma sampling: u ~ U(0,1), sigma = shift·u / (1 + (shift−1)·u)
+    exclude_first_frame: bool = True  # frame 0 is the clean reference image latent (TI2V)
+    use_control: bool = True  # feed the control latent (needs model.control != "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    kind: Literal["synthetic", "latents"] = "latents"
+    batch_size: int = 8  # global batch (all processes); per step, before gradient accumulation split
+    # latents: {name: shard glob}; ArrayRecord shards written by rynn_jax.data.preencode
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)  # per-batch mixture weights
+    seed: int = 0  # shuffle seed
+    worker_count: int = 0  # grain worker processes
+    text_len: int = 512  # text embedding slots (= model.text_len)
+    # synthetic (tiny/CI): a few fixed prototype clips plus noise, so there is something to learn
+    synthetic_shape: tuple[int, int, int] = (3, 4, 4)  # latent (T, H, W)
+    synthetic_clips: int = 4  # distinct prototypes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    dir: str = ""  # checkpoint directory ("" = none); a run with existing steps resumes from them
+    every: int = 500  # save every N steps (and at the end)
+    keep: int = 3  # newest N kept
+    async_save: bool = True  # write in a background thread while training continues
+    init_from: str = ""  # converted base weights (rynn_jax.convert output) loaded before step 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    dir: str = ""  # TensorBoard event files + metrics.jsonl ("" = none)
+    every: int = 10  # scalars every N steps (loss is checked for finiteness every step)
+    progress: bool = True  # tqdm progress bar
+    peak_tflops_per_device: float = 989.0  # for MFU (H100/H200 dense bf16)
+    sample_every: int = 0  # call sample hooks every N steps (0 = never)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: WanDiTConfig = dataclasses.field(default_factory=WanDiTConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    ckpt: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    total_steps: int = 2000  # optimizer steps (the cosine schedule spans them)
+    grad_accum: int = 1  # micro-batches per step; batch_size must divide by it
+    seed: int = 0  # params init, noise and timesteps (fold_in(rng, step))
+    frozen_dtype: str = "float32"  # storage of frozen (LoRA base) params; "bfloat16" halves them
+    distributed: bool = False  # multi-host: jax.distributed.initialize() first
+    min_sharded_size: int = 2 ** 22  # startup check: params this large must not be replicated
+    # Fault injection for tests: SIGKILL this process right after dispatching this step (0 = never).
+    debug_kill_at_step: int = 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and overrides
+# --------------------------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str]) -> TrainConfig:
+    """Run a recipe file and return its `get_config()`."""
+    spec = importlib.util.spec_from_file_location("rynn_config", os.fspath(path))
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"no config file at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not TrainConfig")
+    return cfg
+
+
+def _parse(text: str, like: Any, where: str) -> Any:
+    """Parse `text` as a Python literal typed like the current value `like`."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text  # bare strings: --set ckpt.dir=/tmp/x
+    if isinstance(like, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} wants True/False, got {text!r}")
+    elif isinstance(like, float) and isinstance(value, int):
+        value = float(value)
+    elif isinstance(like, tuple) and isinstance(value, list | tuple):
+        value = tuple(value)
+    if like is not None and not isinstance(value, type(like)):
+        raise ValueError(f"{where} is a {type(like).__name__}, got {text!r}")
+    return value
+
+
+def override(cfg: Any, key: str, text: str) -> Any:
+    """cfg with the dotted field `key` (dataclass fields, then dict keys) set from `text`."""
+    head, _, rest = key.partition(".")
+    if dataclasses.is_dataclass(cfg):
+        names = {f.name for f in dataclasses.fields(cfg)}
+        if head not in names:
+            raise KeyError(f"unknown config field {head!r} (have {sorted(names)})")
+        current = getattr(cfg, head)
+        new = override(current, rest, text) if rest else _parse(text, current, key)
+        return dataclasses.replace(cfg, **{head: new})
+    if isinstance(cfg, dict):
+        if rest:
+            return {**cfg, head: override(cfg[head], rest, text)}
+        like = next(iter(cfg.values()), None)
+        return {**cfg, head: _parse(text, like, key)}
+    raise TypeError(f"cannot descend into {type(cfg).__name__} at {key!r}")
+
+
+def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        cfg = override(cfg, key.strip(), text.strip())
+    return cfg
+
+
+def to_dict(cfg: Any) -> Any:
+    """JSON-able view (for logs and the checkpoint directory)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    return cfg
+

@@ -1,0 +1,69 @@
+"""Observability: TensorBoard scalars (tensorboardX), a metrics.jsonl of every step, throughput and
+MFU. Only process 0 writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+
+from rynn_jax.models.dit import WanDiTConfig
+
+
+def model_flops_per_token(cfg: WanDiTConfig, num_tokens: int) -> float:
+    """Forward FLOPs per video token of the DiT (matmuls only, the MFU convention): dense layers
+    plus self-attention (QKᵀ and AV over `num_tokens`) and cross-attention over the text slots."""
+    d, f, n = cfg.dim, cfg.ffn_dim, cfg.num_layers
+    dense = n * (2 * 4 * d * d + 2 * 4 * d * d + 2 * 2 * d * f)  # self q,k,v,o; cross q,k,v,o; ffn
+    attn = n * 2 * 2 * d * (num_tokens + cfg.text_len)
+    return float(dense + attn)
+
+
+class MetricWriter:
+    def __init__(self, log_dir: str):
+        self.enabled = bool(log_dir) and jax.process_index() == 0
+        self.tb = None
+        self.jsonl = None
+        if self.enabled:
+            from tensorboardX import SummaryWriter  # only where logging is on
+            os.makedirs(log_dir, exist_ok=True)
+            self.tb = SummaryWriter(log_dir)
+            self.jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
+
+    def step(self, step: int, record: dict[str, float]) -> None:
+        """Every step: one JSON line (loss, norms) — what resume tests and plots read."""
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"step": step, **record}) + "\n")
+            self.jsonl.flush()
+
+    def scalars(self, step: int, scalars: dict[str, float]) -> None:
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+
+
+class Throughput:
+    """Steps/s, tokens/s and MFU over the steps since the last call."""
+
+    def __init__(self, tokens_per_step: int, flops_per_step: float, peak_flops: float):
+        self.tokens_per_step, self.flops_per_step, self.peak_flops = tokens_per_step, flops_per_step, peak_flops
+        self.t0, self.steps = time.perf_counter(), 0
+
+    def tick(self) -> None:
+        self.steps += 1
+
+    def read(self) -> dict[str, float]:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        steps_per_s = self.steps / dt
+        self.t0, self.steps = time.perf_counter(), 0
+        return {"perf/steps_per_s": steps_per_s,
+                "perf/tokens_per_s": steps_per_s * self.tokens_per_step,
+                "perf/mfu": steps_per_s * self.flops_per_step / self.peak_flops}

@@ -1,0 +1,37 @@
+"""Optimizer: global-norm clipping → AdamW on a warm-up + cosine schedule, plus a parameter EMA.
+
+Master weights are the float32 trainable params in the train state; the model casts them to its
+compute dtype (bfloat16) inside each matmul, so the optimizer never sees low-precision weights.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rynn_jax.training.config import OptimConfig
+
+
+def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    if cfg.schedule == "constant":
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.lr, warmup), optax.constant_schedule(cfg.lr)], [warmup])
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1), end_value=cfg.lr * cfg.end_lr_factor)
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                        weight_decay=cfg.weight_decay)
+    if cfg.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
+    return adamw
+
+
+def ema_update(ema, params, decay: float):
+    """ema ← decay·ema + (1 − decay)·params, leafwise in float32."""
+    return jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p.astype(jnp.float32)).astype(e.dtype),
+                        ema, params)

@@ -1,0 +1,147 @@
+"""The train state and its sharded creation.
+
+The model is split once into a static graphdef and three states: `params` (what the optimizer
+trains, float32 master weights), `frozen` (base weights under LoRA; empty for SFT) and `stats`
+(ControlStats running statistics). Everything that a resumed run needs is in `TrainState`, a pure
+pytree the jitted step takes and returns.
+
+Creation is sharded from the start: `jax.eval_shape` gives shapes and logical axis names, the rules
+table turns them into shardings, and `jax.jit(init, out_shardings=...)` makes every device build
+only its own shard — the 5B model never exists whole on one host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, PartitionSpec
+
+from rynn_jax import sharding
+from rynn_jax.models.dit import WanDiT, WanDiTConfig
+from rynn_jax.training import lora
+from rynn_jax.training.config import TrainConfig
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 scalar: optimizer steps taken
+    params: nnx.State  # trained parameters, float32
+    frozen: nnx.State  # parameters not trained (LoRA's base); empty under SFT
+    stats: nnx.State  # non-parameter model state (ControlStats)
+    opt_state: optax.OptState
+    ema: nnx.State  # EMA of `params` (empty when optim.ema_decay == 0)
+    rng: jax.Array  # base key (uint32[2]); step key = fold_in(rng, step)
+
+
+def build_model(model_cfg: WanDiTConfig, lora_cfg: lora.LoraConfig, rngs: nnx.Rngs) -> WanDiT:
+    return lora.apply_lora(WanDiT(model_cfg, rngs=rngs), lora_cfg, rngs)
+
+
+def split_model(model: WanDiT, lora_cfg: lora.LoraConfig) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
+    """graphdef, trained params, frozen params, other state."""
+    return nnx.split(model, lora.trainable_filter(lora_cfg), nnx.Param, ...)
+
+
+def abstract_model(cfg: TrainConfig) -> WanDiT:
+    with nnx.use_eager_sharding(False):
+        return nnx.eval_shape(lambda: build_model(cfg.model, cfg.lora, nnx.Rngs(0)))
+
+
+def _init_fn(cfg: TrainConfig, tx: optax.GradientTransformation):
+    def init(rng: jax.Array) -> TrainState:
+        init_rng, train_rng = jax.random.split(rng)
+        with nnx.use_eager_sharding(False):
+            model = build_model(cfg.model, cfg.lora, nnx.Rngs(params=init_rng))
+        _, params, frozen, stats = split_model(model, cfg.lora)
+        frozen = jax.tree.map(lambda x: x.astype(cfg.frozen_dtype), frozen)
+        ema = jax.tree.map(jnp.copy, params) if cfg.optim.ema_decay > 0 else nnx.State({})
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, frozen=frozen, stats=stats,
+                          opt_state=tx.init(params), ema=ema, rng=train_rng)
+    return init
+
+
+def logical_specs(abstract: TrainState, tx: optax.GradientTransformation) -> TrainState:
+    """A TrainState of logical PartitionSpecs: params by their axis names, optimizer moments like
+    their params, scalars and running stats replicated."""
+    def specs(state: nnx.State) -> nnx.State:
+        return nnx.get_partition_spec(state)
+
+    param_specs = specs(abstract.params)
+    unwrap = lambda tree: jax.tree.map(lambda v: v, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, spec: spec, abstract.opt_state, unwrap(param_specs),
+        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, PartitionSpec))
+    replicated = lambda tree: jax.tree.map(lambda _: PartitionSpec(), tree)
+    return TrainState(step=PartitionSpec(), params=param_specs, frozen=specs(abstract.frozen),
+                      stats=replicated(abstract.stats), opt_state=opt_specs,
+                      ema=specs(abstract.ema) if len(abstract.ema) else nnx.State({}), rng=PartitionSpec())
+
+
+def state_shardings(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Mesh) -> tuple[TrainState, TrainState]:
+    """(abstract state, NamedSharding tree) — no allocation."""
+    abstract = jax.eval_shape(_init_fn(cfg, tx), jax.random.PRNGKey(cfg.seed))
+    return abstract, sharding.named_shardings(logical_specs(abstract, tx), mesh)
+
+
+def create_train_state(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Mesh
+                       ) -> tuple[nnx.GraphDef, TrainState]:
+    """Sharded init: each device materialises only its shards."""
+    graphdef = split_model(abstract_model(cfg), cfg.lora)[0]
+    _, shardings = state_shardings(cfg, tx, mesh)
+    init = jax.jit(_init_fn(cfg, tx), out_shardings=shardings)
+    return graphdef, init(jax.random.PRNGKey(cfg.seed))
+
+
+def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> TrainState:
+    """Overwrite the base-model parameters (in `params` and `frozen`) with converted weights at
+    `path` (rynn_jax.checkpoints layout: a plain WanDiT), restored straight into their shardings.
+    LoRA keeps base paths, so they match; adapters and a control branch the checkpoint lacks keep
+    their init. The EMA restarts from the loaded params."""
+    from rynn_jax import checkpoints  # orbax, only when used
+    from rynn_jax.models.dit import abstract_dit
+
+    ckpt_cfg = checkpoints.load_config(path, WanDiTConfig)
+    want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
+    have = {**_flat(nnx.to_pure_dict(state.params)), **_flat(nnx.to_pure_dict(state.frozen))}
+    have_sh = {**_flat(nnx.to_pure_dict(shardings.params)), **_flat(nnx.to_pure_dict(shardings.frozen))}
+    bad = sorted(".".join(map(str, k)) for k in want if k not in have or have[k].shape != want[k].shape)
+    if bad:
+        raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
+    restored = _flat(checkpoints.restore_params(
+        path, _unflat(want), shardings=_unflat({k: have_sh[k] for k in want})))
+
+    def fill(tree: nnx.State) -> nnx.State:
+        flat = _flat(nnx.to_pure_dict(tree))
+        flat.update({k: restored[k].astype(v.dtype) for k, v in flat.items() if k in restored})
+        nnx.replace_by_pure_dict(tree, _unflat(flat))
+        return tree
+
+    params, frozen = fill(state.params), fill(state.frozen)
+    ema = jax.tree.map(jnp.copy, params) if len(state.ema) else state.ema
+    return dataclasses.replace(state, params=params, frozen=frozen, ema=ema)
+
+
+def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple, Any]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _unflat(flat: dict[tuple, Any]) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = v
+    return out
