@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rynn_jax.models import rope
+from rynn_jax.models import build, rope
 from rynn_jax.models.control import ControlBranch
 from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed, rms_norm
 from rynn_jax.sharding import constrain
@@ -363,18 +363,14 @@ def unpatchify(x_blp: jax.Array, grid_thw: tuple[int, int, int], cfg: WanDiTConf
 
 
 def init_dit(cfg: WanDiTConfig, seed: int = 0) -> WanDiT:
-    with nnx.use_eager_sharding(False):
-        return WanDiT(cfg, rngs=nnx.Rngs(seed))
+    return build.init_model(WanDiT, cfg, seed)
 
 
 def abstract_dit(cfg: WanDiTConfig) -> WanDiT:
     """The model with ShapeDtypeStruct leaves: shapes and count without allocating anything."""
-    with nnx.use_eager_sharding(False):
-        return nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0)))
+    return build.abstract_model(WanDiT, cfg)
 
 
 def dit_from_params(cfg: WanDiTConfig, params: dict) -> WanDiT:
     """A model whose parameters are the given pure dict (e.g. from the converter or a checkpoint)."""
-    graphdef, state = nnx.split(abstract_dit(cfg))
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    return nnx.merge(graphdef, state)
+    return build.model_from_params(WanDiT, cfg, params)

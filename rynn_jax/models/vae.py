@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rynn_jax.models import build
+
 # Per-channel statistics of Wan2.2 VAE latents (Wan2.2 `vae2_2.py`, diffusers config `latents_*`).
 WAN22_LATENTS_MEAN: tuple[float, ...] = (
     -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
@@ -491,31 +493,18 @@ def unpatchify(x: jax.Array, p: int) -> jax.Array:
 
 
 def init_vae(cfg: WanVAEConfig, seed: int = 0) -> WanVAE:
-    """Randomly initialized model, for tests and training from scratch; real use loads weights.
-
-    Init runs as one jitted function keyed by an "rbg" PRNG key: eager init compiles per parameter
-    shape, and threefry makes the XLA:CPU compile of ~200 random tensors take minutes.
-    """
-    graphdef, _ = nnx.split(abstract_vae(cfg))
-
-    def make_state():
-        with nnx.use_eager_sharding(False):
-            return nnx.state(WanVAE(cfg, rngs=nnx.Rngs(params=jax.random.key(seed, impl="rbg"))))
-
-    return nnx.merge(graphdef, jax.jit(make_state)())
+    """Randomly initialized model, for tests and training from scratch; real use loads weights."""
+    return build.init_model(WanVAE, cfg, seed)
 
 
 def abstract_vae(cfg: WanVAEConfig) -> WanVAE:
     """The model with ShapeDtypeStruct leaves: shapes and count without allocating anything."""
-    with nnx.use_eager_sharding(False):
-        return nnx.eval_shape(lambda: WanVAE(cfg, rngs=nnx.Rngs(0)))
+    return build.abstract_model(WanVAE, cfg)
 
 
 def vae_from_params(cfg: WanVAEConfig, params: dict) -> WanVAE:
     """A model whose parameters are the given pure dict (e.g. from the converter)."""
-    graphdef, state = nnx.split(abstract_vae(cfg))
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    return nnx.merge(graphdef, state)
+    return build.model_from_params(WanVAE, cfg, params)
 
 
 def count_params(model_or_state: Any) -> int:
