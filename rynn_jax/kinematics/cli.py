@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hz", type=float, default=streams.VIDEO_FPS, help="output clock (16 = video)")
     r.add_argument("--scale", type=float, default=1.5, help="translation scale s")
     r.add_argument("--no-calibrate", action="store_true")
+    r.add_argument("--video", default=None, help="also write an MP4 of the robot replaying the actions "
+                   "(needs MUJOCO_GL=osmesa or egl)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     out = retarget_stream(streams.read(args.stream), args.hz, args.scale, not args.no_calibrate)
@@ -68,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     held = 1.0 - out["trackers_fresh"].mean()
     print(f"{len(out['t'])} steps at {args.hz:g} Hz → {args.out} ({time.perf_counter() - t:.1f} s); "
           f"IK pos err median {1e3 * np.median(out['ik_pos_err']):.2f} mm; tracker frames held {100 * held:.1f}%")
+    if args.video:
+        from rynn_jax.kinematics.replay import render_replay
+        from rynn_jax.render.preview import save_video
+
+        save_video(args.video, render_replay(out["actions"]), fps=round(args.hz))
+        print(f"replay video → {args.video}")
     return 0
 
 
