@@ -10,7 +10,12 @@ from rynn_jax.models.causal import CausalConfig
 from rynn_jax.models.dit import WanDiTConfig
 from rynn_jax.sharding import MeshConfig
 from rynn_jax.teleop.streaming import StepConfig
-from rynn_jax.training.config import CheckpointConfig, DataConfig, LogConfig, OptimConfig
+from rynn_jax.training.config import (
+    CheckpointConfig,
+    DataConfig,
+    LogConfig,
+    OptimConfig,
+)
 
 
 def get_config() -> DistillConfig:
