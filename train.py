@@ -26,6 +26,7 @@ from rynn_jax.training import checkpointing, optim
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import metrics as metrics_lib
+from rynn_jax.training import samples as samples_lib
 from rynn_jax.training import state as state_lib
 from rynn_jax.training import step as step_lib
 from rynn_jax.training.state import TrainState
@@ -75,6 +76,10 @@ def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float
     # Update
     # ----------------------------------------------------------------------------------------------
     train_step = step_lib.jit_step(cfg, graphdef, tx, mesh, shardings, batch_spec)
+    if cfg.log.sample_every and cfg.log.sample_vae:  # skeleton | generated | truth MP4s in log.dir
+        hooks = [*hooks, samples_lib.make_sample_hook(
+            cfg, graphdef, samples_lib.load_sample_vae(cfg.log.sample_vae, cfg.model.in_channels),
+            next(input_lib.make_iterator(cfg)), os.path.join(cfg.log.dir or ".", "samples"), cfg.log.sample_steps)]
     to_device = lambda b: data_lib.to_device(b, data_lib.batch_sharding(mesh))
 
     # ----------------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ class LogConfig:
     progress: bool = True  # tqdm progress bar
     peak_tflops_per_device: float = 989.0  # for MFU (H100/H200 dense bf16)
     sample_every: int = 0  # call sample hooks every N steps (0 = never)
+    sample_vae: str = ""  # VAE for sample videos: a converted/official VAE path, "tiny" (random, CI), "" = none
+    sample_steps: int = 8  # sampler steps for sample videos
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

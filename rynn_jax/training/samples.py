@@ -1,0 +1,76 @@
+"""Periodic sample videos during training: skeleton | generated | ground truth, side by side.
+
+Training reads latents, so all three panels come from the VAE decoder: the control latent (the
+rendered skeleton), a clip sampled by the current weights (EMA when kept) from the batch's image
+latent and control latent, and the ground-truth video latent. One fixed batch is used throughout,
+so successive files show the same clip improving.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rynn_jax.diffusion import samplers
+from rynn_jax.models import vae as vae_lib
+from rynn_jax.models.vae import WanVAE
+from rynn_jax.training.config import TrainConfig
+from rynn_jax.training.state import TrainState
+
+
+def _to_uint8(video_bthwc: jax.Array) -> np.ndarray:
+    return np.asarray(jnp.round((jnp.clip(video_bthwc, -1, 1) + 1) * 127.5), np.uint8)
+
+
+def load_sample_vae(spec: str, z_dim: int) -> WanVAE:
+    """"tiny" → a random tiny VAE with `z_dim` latent channels (CI and smoke runs); otherwise a
+    converted or official VAE path."""
+    if spec == "tiny":
+        cfg = vae_lib.WanVAEConfig.tiny(z_dim=z_dim, latents_mean=(0.0,) * z_dim, latents_std=(1.0,) * z_dim)
+        return vae_lib.init_vae(cfg, 0)
+    from rynn_jax.models.vae_weights import load_vae
+
+    return load_vae(spec)
+
+
+def make_sample_hook(cfg: TrainConfig, graphdef: nnx.GraphDef, vae: WanVAE, batch: dict[str, np.ndarray],
+                     out_dir: str, num_steps: int = 8, seed: int = 0) -> Callable[[int, TrainState], None]:
+    """A `train(cfg, hooks=[...])` hook writing `out_dir/sample_{step:07d}.mp4` (first clip of `batch`)."""
+    vae_graph, vae_state = nnx.split(vae)
+    first = {k: jnp.asarray(np.asarray(v)[:1]) for k, v in batch.items()}
+    control = first["control_video_latents"] if cfg.model.control != "none" else None
+    if first["video_latents"].shape[-1] != vae.cfg.z_dim:
+        raise ValueError(f"sample VAE has z_dim {vae.cfg.z_dim}, latents have {first['video_latents'].shape[-1]}")
+
+    @jax.jit
+    def generate(params, frozen, stats):
+        model = nnx.merge(graphdef, params, frozen, stats, copy=True)
+
+        def velocity(x, t_bf):
+            return model(x, t_bf, first["text_embedding"], control)
+
+        return samplers.sample(jax.random.key(seed), velocity, first["video_latents"].shape,
+                               num_steps=num_steps, first_frame_latent=first["img_latent"])
+
+    @jax.jit
+    def decode(latents):
+        return vae_lib.decode(vae_graph, vae_state, latents)
+
+    truth = _to_uint8(decode(first["video_latents"]))[0]
+    skeleton = _to_uint8(decode(first["control_video_latents"]))[0]
+
+    def hook(step: int, state: TrainState) -> None:
+        from rynn_jax.render.preview import save_video
+
+        params = state.ema if len(jax.tree.leaves(state.ema)) else state.params
+        generated = _to_uint8(decode(generate(params, state.frozen, state.stats)))[0]
+        os.makedirs(out_dir, exist_ok=True)
+        save_video(os.path.join(out_dir, f"sample_{step:07d}.mp4"),
+                   np.concatenate([skeleton, generated, truth], axis=2), fps=16)
+
+    return hook
