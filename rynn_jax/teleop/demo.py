@@ -7,6 +7,12 @@ retargeted by IK to the robot's joints. Output: synchronized frames and actions 
 With no weights given it uses tiny randomly initialised networks (nothing can be downloaded):
 the pipeline, shapes, timing and actions are real, the pictures are not. Pass directories made by
 `python -m rynn_jax.convert` (a DiT with a control branch and the VAE) for real generation.
+
+`--world sim` (demo v0 of the synthetic world, `rynn_jax.sim`): generates one MuJoCo episode
+(scripted operator → stream → retarget → simulate → render), renders its skeleton video, and runs
+the causal student (`teleop.streaming.StreamingSession`, tiny and untrained unless weights are
+given) from the episode's first frame; writes the generated, ground-truth and skeleton videos
+side by side and the 54-D actions.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rynn_jax.kinematics import streams
+from rynn_jax.kinematics.layout import ACTION_NAMES
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.dit_weights import load_dit
@@ -69,15 +76,20 @@ def _read_png(path: Path) -> np.ndarray:
     return img[..., :3]
 
 
-def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int) -> WorldModel:
+def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int):
+    """(DiT, VAE): converted weights, or tiny random ones."""
     if (dit_dir is None) != (vae_dir is None):
         raise ValueError("give both --dit and --vae, or neither (tiny random models)")
     if dit_dir is not None:
-        return WorldModel(load_dit(dit_dir), load_vae(vae_dir))
+        return load_dit(dit_dir), load_vae(vae_dir)
     vae_cfg = WanVAEConfig.tiny()
     dit_cfg = WanDiTConfig.tiny(control="add", in_channels=vae_cfg.z_dim, out_channels=vae_cfg.z_dim,
                                 control_channels=vae_cfg.z_dim)
-    return WorldModel(init_dit(dit_cfg, seed), init_vae(vae_cfg, seed))
+    return init_dit(dit_cfg, seed), init_vae(vae_cfg, seed)
+
+
+def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int) -> WorldModel:
+    return WorldModel(*build_modules(dit_dir, vae_dir, seed))
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
@@ -145,6 +157,56 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     return summary
 
 
+def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
+            height: int = 96, width: int = 160, dit: str | None = None, vae: str | None = None) -> dict:
+    """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame."""
+    from rynn_jax.models import causal
+    from rynn_jax.sim import episode as sim_episode
+    from rynn_jax.teleop.streaming import StepConfig, StreamingSession
+
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    ep = sim_episode.generate(task, seed, resolution=(height, width))
+    timings["simulate_and_render"] = time.perf_counter() - t
+    t = time.perf_counter()
+    dit_model, vae_model = build_modules(dit, vae, seed)
+    session = StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
+                                                                         policy="rolling"),
+                               StepConfig(num_steps=4), chunk_frames=None)
+    ctx = empty_context(dit_model.cfg.text_len, dit_model.cfg.text_dim)[None]
+    to_unit = lambda x: np.asarray(x, np.float32)[None] / 127.5 - 1.0  # noqa: E731
+    session.start(to_unit(ep.rgb[0]), ctx, jax.random.key(seed))
+    generated, used = [], 0
+    while used < min(num_frames, len(ep.rgb)):
+        n = session.frames_needed
+        if used + n > len(ep.skeleton_rgb):
+            break
+        rgb = session.step(to_unit(ep.skeleton_rgb[used:used + n]))
+        generated.append(np.asarray(rgb[0]))
+        used += n
+    video = np.clip((np.concatenate(generated) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
+    timings["causal_rollout"] = time.perf_counter() - t
+    n = len(video)
+    truth, skeleton, actions = ep.rgb[:n], ep.skeleton_rgb[:n], ep.actions[:n]
+    fps = int(streams.VIDEO_FPS)
+    save_video(out / "generated.mp4", video, fps=fps)
+    save_video(out / "ground_truth.mp4", truth, fps=fps)
+    save_video(out / "skeleton.mp4", skeleton, fps=fps)
+    save_video(out / "side_by_side.mp4", np.concatenate([video, truth, skeleton], axis=2), fps=fps)
+    np.savez_compressed(out / "episode.npz", frames=video, ground_truth=truth, skeleton=skeleton, actions=actions,
+                        states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
+    summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
+               "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
+               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
+               "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
+               "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
+               "layout": "side_by_side.mp4 = generated | ground truth | skeleton"}
+    with open(out / "summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python serve.py demo", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="outputs/demo", help="output directory")
@@ -155,7 +217,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
     p.add_argument("--text", default=None, help="precomputed umT5 embedding (.safetensors)")
+    p.add_argument("--world", default="sample", choices=["sample", "sim"],
+                   help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
+    p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
     a = p.parse_args(argv)
+    if a.world == "sim":
+        summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, dit=a.dit, vae=a.vae)
+        print(json.dumps(summary, indent=1))
+        print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} (generated | ground truth | skeleton) and episode.npz")
+        return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text)
     print(json.dumps(summary, indent=1))
