@@ -1,0 +1,65 @@
+"""Trained checkpoint → converted-weights directory (the next stage's `ckpt.init_from`, or serving).
+
+    python -m rynn_jax.training.export_weights --config configs/stage1_lora.py --set ckpt.dir=runs/s1 \\
+        --out weights/stage1 [--raw]
+
+Takes the newest readable step of the run, uses the EMA weights (unless `--raw` or the run kept
+none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch and its
+running statistics included) in the `rynn_jax.checkpoints` layout that `load_dit` and
+`ckpt.init_from` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rynn_jax import checkpoints, sharding
+from rynn_jax.models.control import ControlStats
+from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim
+from rynn_jax.training import state as state_lib
+
+
+def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True) -> int:
+    """Writes `out_dir`; returns the exported step."""
+    if not cfg.ckpt.dir:
+        raise ValueError("set ckpt.dir to the training run to export")
+    mesh = sharding.make_mesh(cfg.mesh)
+    tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
+    abstract, shardings = state_lib.state_shardings(cfg, tx, mesh)
+    ckpt = checkpointing.Checkpointer(cfg.ckpt)
+    state = ckpt.restore_latest(checkpointing.abstract_with_shardings(abstract, shardings),
+                                input_lib.make_iterator(cfg))
+    ckpt.close()
+    if state is None:
+        raise FileNotFoundError(f"no readable checkpoint under {cfg.ckpt.dir}")
+    graphdef = nnx.split(state_lib.abstract_model(cfg), lora.trainable_filter(cfg.lora), nnx.Param, ...)[0]
+    params = state.ema if use_ema and len(jax.tree.leaves(state.ema)) else state.params
+    model = nnx.merge(graphdef, params, state.frozen, state.stats)
+    if cfg.lora.rank > 0:
+        model = lora.merge_lora(model)
+    pure = jax.tree.map(lambda x: np.asarray(x, np.float32),  # LoRA's frozen base may be bf16
+                        nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, ControlStats))))
+    checkpoints.save_params(out_dir, pure, dataclasses.replace(cfg.model, param_dtype="float32"))
+    return int(state.step)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", required=True)
+    p.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
+    a = p.parse_args(argv)
+    cfg = config_lib.apply_overrides(config_lib.load_config(a.config), a.set)
+    step = export_weights(cfg, a.out, use_ema=not a.raw)
+    print(f"exported step {step} of {cfg.ckpt.dir} → {a.out}")
+
+
+if __name__ == "__main__":
+    main()
