@@ -40,9 +40,8 @@ def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale
         home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
         poses = tracker.tracker_poses(jnp.asarray(rs["trackers"][first[0]], jnp.float32))
         calib = tracker.calibrate_ee(calib, poses, home_ee)
-    run = jax.jit(lambda s, trk, hands: retarget.trajectory(robot, calib, s, trk, hands))
-    _, actions, info = run(state, jnp.asarray(rs["trackers"], jnp.float32),
-                           jnp.asarray(rs["hands"], jnp.float32))
+    _, actions, info = retarget.trajectory_jit(robot, calib, state, jnp.asarray(rs["trackers"], jnp.float32),
+                                               jnp.asarray(rs["hands"], jnp.float32))
     actions = np.asarray(actions)
     if not np.all(np.isfinite(actions)):       # guaranteed by construction; fail loudly if not
         raise RuntimeError("non-finite joints in the retargeted actions")

@@ -97,3 +97,8 @@ def trajectory(robot: Robot, calib: tracker.Calibration, state: RetargetState, t
         return s, (a, info)
     state, (actions, info) = jax.lax.scan(body, state, (trackers_tn7, hands_ts213))
     return state, actions, info
+
+
+# One compiled program per (shapes, cfg), shared by every caller: robot, calibration and state are
+# arguments, so retargeting a new stream never recompiles.
+trajectory_jit = jax.jit(trajectory, static_argnames="cfg")

@@ -79,11 +79,6 @@ class Episode:
 
 
 @functools.lru_cache(maxsize=1)
-def _retarget_program():
-    return jax.jit(lambda robot, calib, state, trk, hands: retarget.trajectory(robot, calib, state, trk, hands))
-
-
-@functools.lru_cache(maxsize=1)
 def _targets_program():
     return jax.jit(jax.vmap(lambda calib, trk: tracker.arm_targets(calib, tracker.tracker_poses(trk)),
                             in_axes=(None, 0)))
@@ -102,7 +97,7 @@ def retarget_stream(stream: streams.Stream, t_out: np.ndarray) -> dict:
     home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
     calib = tracker.calibrate_ee(calib, tracker.tracker_poses(jnp.asarray(rs["trackers"][0], dt)), home_ee)
     trk, hands = jnp.asarray(rs["trackers"], dt), jnp.asarray(rs["hands"], dt)
-    _, actions, info = _retarget_program()(robot, calib, state, trk, hands)
+    _, actions, info = retarget.trajectory_jit(robot, calib, state, trk, hands)
     palms, elbows = _targets_program()(calib, trk)
     actions = np.asarray(actions, np.float64)
     if not np.all(np.isfinite(actions)):
