@@ -122,14 +122,15 @@ def open_safetensors(path: str | os.PathLike[str], prefix: str = "") -> Safetens
 # --------------------------------------------------------------------------------------------------
 
 
-def flatten_params(tree: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
-    """Nested dict (as `nnx.to_pure_dict` returns) → {path tuple of str: leaf}."""
-    flat: dict[tuple[str, ...], Any] = {}
+def flatten_params(tree: Mapping[Any, Any], str_keys: bool = True) -> dict[tuple[Any, ...], Any]:
+    """Nested dict (as `nnx.to_pure_dict` returns) → {path tuple: leaf}; keys become str unless
+    `str_keys=False` (then they round-trip into `nnx.replace_by_pure_dict` unchanged)."""
+    flat: dict[tuple[Any, ...], Any] = {}
 
-    def visit(prefix: tuple[str, ...], node: Any) -> None:
+    def visit(prefix: tuple[Any, ...], node: Any) -> None:
         if isinstance(node, Mapping):
             for k, v in node.items():
-                visit(prefix + (str(k),), v)
+                visit(prefix + ((str(k) if str_keys else k),), v)
         else:
             flat[prefix] = node
 
@@ -137,7 +138,7 @@ def flatten_params(tree: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
     return flat
 
 
-def unflatten_params(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
+def unflatten_params(flat: Mapping[tuple[Any, ...], Any]) -> dict[Any, Any]:
     tree: dict[str, Any] = {}
     for path, leaf in flat.items():
         node = tree

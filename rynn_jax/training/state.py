@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from rynn_jax import sharding
+from rynn_jax.convert import flatten_params, unflatten_params
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
 from rynn_jax.training import lora
 from rynn_jax.training.config import TrainConfig
@@ -114,12 +115,12 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     if bad:
         raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
     restored = _flat(checkpoints.restore_params(
-        path, _unflat(want), shardings=_unflat({k: have_sh[k] for k in want})))
+        path, unflatten_params(want), shardings=unflatten_params({k: have_sh[k] for k in want})))
 
     def fill(tree: nnx.State) -> nnx.State:
         flat = _flat(nnx.to_pure_dict(tree))
         flat.update({k: restored[k].astype(v.dtype) for k, v in flat.items() if k in restored})
-        nnx.replace_by_pure_dict(tree, _unflat(flat))
+        nnx.replace_by_pure_dict(tree, unflatten_params(flat))
         return tree
 
     params, frozen = fill(state.params), fill(state.frozen)
@@ -127,21 +128,5 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     return dataclasses.replace(state, params=params, frozen=frozen, ema=ema)
 
 
-def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple, Any]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, prefix + (k,)))
-        else:
-            out[prefix + (k,)] = v
-    return out
-
-
-def _unflat(flat: dict[tuple, Any]) -> dict:
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = v
-    return out
+def _flat(tree: dict) -> dict[tuple, Any]:
+    return flatten_params(tree, str_keys=False)  # keys as NNX wrote them, for replace_by_pure_dict
