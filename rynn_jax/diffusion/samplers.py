@@ -252,11 +252,11 @@ def sample_unipc(
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """FlowUniPC (bh2, order 2) solve from sigma_0 ~ 1 to 0; one model call per step.
 
-    first_frame_latent (B, C, 1, H, W): TI2V image latent; it replaces frame 0 before every
+    first_frame_latent (B, 1, H, W, C): TI2V image latent; it replaces frame 0 before every
       model call and after every step, and frame 0 is given timestep 0.
     integer_timesteps: feed the model int(sigma * 1000) as Wan does (default); False feeds
       sigma * 1000 exactly, so that the model's time agrees with the solver's.
-    return_trajectory: also return the sample after every step, (N, B, C, T, H, W).
+    return_trajectory: also return the sample after every step, (N, B, T, H, W, C).
     """
     dtype = noise_bthwc.dtype
     coeffs = unipc_coefficients(num_steps, shift)
