@@ -17,12 +17,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from safetensors import safe_open
 
 Array = np.ndarray
-PyTree = Any
 
 
 class ConversionError(ValueError):
@@ -237,10 +235,6 @@ def torch_conv3d(w_oitwh: Array) -> Array:
 def torch_conv2d(w_oihw: Array) -> Array:
     """torch Conv2d weight (out, in, h, w) → our kernel (h, w, in, out)."""
     return np.ascontiguousarray(np.transpose(w_oihw, (2, 3, 1, 0)))
-
-
-def tree_shapes(tree: PyTree) -> PyTree:
-    return jax.tree.map(lambda x: tuple(np.shape(x)), tree)
 
 
 # --------------------------------------------------------------------------------------------------
