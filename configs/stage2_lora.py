@@ -1,5 +1,5 @@
 """Stage 2 (robot), LORA: 1,800 paired teleop clips (81 frames), lr 1e-5 (paper Sec. 3.4/5.1), from
-the stage-1 weights (exported, rynn_jax.convert layout). total_steps is a placeholder (not in the paper)."""
+the stage-1 weights (exported by `python -m rynn_jax.training.export_weights`). total_steps is a placeholder (not in the paper)."""
 
 from configs import base_5b
 
