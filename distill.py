@@ -17,12 +17,10 @@ import argparse
 import json
 import logging
 import os
-import signal
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from rynn_jax import data as data_lib
 from rynn_jax import sharding
@@ -33,10 +31,11 @@ from rynn_jax.distill import step as step_lib
 from rynn_jax.distill.state import DistillState
 from rynn_jax.training import checkpointing
 from rynn_jax.training import input as input_lib
-from rynn_jax.training import metrics as metrics_lib
+from rynn_jax.training import loop as loop_lib
+from rynn_jax.training import samples as samples_lib
 from rynn_jax.training.config import TrainConfig, apply_overrides, to_dict
 
-Hook = Callable[[int, DistillState], None]  # e.g. decode and write sample videos
+Hook = Callable[[int, DistillState], None]  # called every log.sample_every steps
 
 
 def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[dict[str, float]]:
@@ -80,64 +79,43 @@ def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[d
         state = state_lib.load_student(cfg, state, tx_s, tx_c, mesh)
 
     # ----------------------------------------------------------------------------------------------
-    # Update (+ the fixed evaluation batch: teacher samples computed once)
+    # Update (+ the fixed evaluation batch: teacher samples computed once; sample videos as train.py)
     # ----------------------------------------------------------------------------------------------
     update = step_lib.jit_updates(cfg, graphdef, tx_s, tx_c, mesh, shardings, input_lib.TRAIN_KEYS)
     eval_fn = _make_eval(cfg, graphdef, teacher, state, mesh) if cfg.eval_every else None
     if cfg.phase == "warmup":
         teacher = None  # phase A needs the teacher only as the student's starting weights: free it
+    if cfg.log.sample_every and cfg.log.sample_vae:  # skeleton | student | truth MP4s in log.dir
+        hooks = [*hooks, evaluate.make_sample_hook(
+            cfg, graphdef, samples_lib.load_sample_vae(cfg.log.sample_vae, cfg.model.in_channels),
+            next(input_lib.make_iterator(TrainConfig(model=cfg.model, data=cfg.data))),
+            os.path.join(cfg.log.dir or ".", "samples"), seed=cfg.seed)]
 
     # ----------------------------------------------------------------------------------------------
-    # Loop: dispatch step s, then read step s−1's metrics; finiteness is checked before every log
-    # line and every checkpoint, so a poisoned state is never saved.
+    # Loop: dispatch step s, then read step s−1's metrics; `Loop` checks finiteness before every
+    # log line and every checkpoint, so a poisoned state is never saved.
     # ----------------------------------------------------------------------------------------------
-    writer = metrics_lib.MetricWriter(cfg.log.dir)
-    start = int(state.step)
     records: list[dict[str, float]] = []
-    bar = tqdm(total=cfg.total_steps, initial=start, disable=not cfg.log.progress or jax.process_index() != 0)
-    pending: tuple[int, dict] | None = None
 
-    def report(step: int, m: dict) -> None:
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        if not m.pop("finite"):
-            raise FloatingPointError(f"step {step}: non-finite loss or gradient norm {m} "
-                                     f"(state left at step {step - 1}'s values)")
+    def on_metrics(step: int, m: dict[str, float]) -> None:
         records.append({"step": step, **m})
-        writer.step(step, m)
-        bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
-        bar.update(1)
         if step % cfg.log.every == 0:
-            writer.scalars(step, {f"distill/{k}": v for k, v in m.items()})
+            loop.writer.scalars(step, {f"distill/{k}": v for k, v in m.items()})
 
-    for s in range(start + 1, cfg.total_steps + 1):
+    loop = loop_lib.Loop(start=int(state.step), total_steps=cfg.total_steps, log=cfg.log, ckpt_cfg=cfg.ckpt,
+                         ckpt=ckpt, data_iter=data_iter, on_metrics=on_metrics, hooks=hooks,
+                         debug_kill_at_step=cfg.debug_kill_at_step)
+    for s in loop.steps():
         batch = to_device(next(data_iter))
         state, m = update(s, state, teacher, batch)
-        if pending is not None:
-            report(*pending)
-        pending = (s, m)
-        if s == cfg.debug_kill_at_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        loop.dispatched(s, m)
         if eval_fn is not None and (s % cfg.eval_every == 0 or s == cfg.total_steps):
-            report(*pending)
-            pending = None
+            loop.flush()
             records[-1]["sample_distance"] = float(eval_fn(state))
-            writer.step(s, {"sample_distance": records[-1]["sample_distance"]})
-            writer.scalars(s, {"eval/sample_distance": records[-1]["sample_distance"]})
-        if ckpt is not None and (s % cfg.ckpt.every == 0 or s == cfg.total_steps):
-            if pending is not None:
-                report(*pending)
-                pending = None
-            ckpt.save(s, state, data_iter)
-        if cfg.log.sample_every and s % cfg.log.sample_every == 0:
-            for hook in hooks:
-                hook(s, state)
-    if pending is not None:
-        report(*pending)
-    bar.close()
-    if ckpt is not None:
-        ckpt.wait()
-        ckpt.close()
-    writer.close()
+            loop.writer.step(s, {"sample_distance": records[-1]["sample_distance"]})
+            loop.writer.scalars(s, {"eval/sample_distance": records[-1]["sample_distance"]})
+        loop.end_step(s, state)
+    loop.close()
     return records
 
 
@@ -157,19 +135,6 @@ def _make_eval(cfg: config_lib.DistillConfig, graphdef, teacher, state: DistillS
     return run
 
 
-def latent_sample_hook(cfg: config_lib.DistillConfig, graphdef, batch: dict, out_dir: str) -> Hook:
-    """A hook writing the EMA student's rollout latents (B, T, H, W, C) as .npy every
-    log.sample_every steps; decode them with the VAE (rynn_jax.models.vae) into videos offline."""
-    sample = jax.jit(lambda *a: evaluate.student_samples(cfg, graphdef, *a))
-
-    def hook(step: int, st: DistillState) -> None:
-        x0 = sample(st.ema if len(st.ema) else st.student, st.stats, batch, jax.random.PRNGKey(step))
-        if jax.process_index() == 0:
-            os.makedirs(out_dir, exist_ok=True)
-            np.save(os.path.join(out_dir, f"student_{step:07d}.npy"), np.asarray(jax.device_get(x0)))
-    return hook
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="recipe file under configs/")
@@ -179,12 +144,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     cfg = apply_overrides(config_lib.load_config(args.config), args.set)
     logging.info("config: %s", json.dumps(to_dict(cfg)))
-    hooks = []
-    if cfg.log.sample_every and cfg.log.dir:
-        batch = jax.tree.map(np.asarray, next(input_lib.make_iterator(TrainConfig(model=cfg.model, data=cfg.data))))
-        graphdef = state_lib.graphdef_of(cfg.model)
-        hooks.append(latent_sample_hook(cfg, graphdef, batch, os.path.join(cfg.log.dir, "samples")))
-    return distill(cfg, hooks)
+    return distill(cfg)
 
 
 if __name__ == "__main__":

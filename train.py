@@ -4,8 +4,8 @@
     python train.py --config configs/stage1_lora.py --set optim.lr=1e-5 --set ckpt.dir=/ckpt/s1
 
 Read top to bottom: Config → Mesh → Input → Model & state → Checkpoint → Update → Loop. The
-pieces live in rynn_jax/training (config, loss, lora, optim, state, step, checkpointing, metrics)
-and rynn_jax/sharding.py (mesh + the one logical-axis rules table).
+pieces live in rynn_jax/training (config, loss, lora, optim, state, step, checkpointing, metrics,
+samples, loop) and rynn_jax/sharding.py (mesh + the one logical-axis rules table).
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ import argparse
 import json
 import logging
 import os
-import signal
 from collections.abc import Callable, Sequence
 
 import jax
-from tqdm import tqdm
 
 from rynn_jax import data as data_lib
 from rynn_jax import sharding
 from rynn_jax.training import checkpointing, optim
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
+from rynn_jax.training import loop as loop_lib
 from rynn_jax.training import metrics as metrics_lib
 from rynn_jax.training import samples as samples_lib
 from rynn_jax.training import state as state_lib
@@ -83,60 +82,36 @@ def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float
     to_device = lambda b: data_lib.to_device(b, data_lib.batch_sharding(mesh))
 
     # ----------------------------------------------------------------------------------------------
-    # Loop: dispatch step s, then read step s−1's metrics (keeps the device busy); check finiteness
-    # before every log line and every checkpoint, so a poisoned state is never saved.
+    # Loop: dispatch step s, then read step s−1's metrics (keeps the device busy); `Loop` checks
+    # finiteness before every log line and every checkpoint, so a poisoned state is never saved.
     # ----------------------------------------------------------------------------------------------
-    writer = metrics_lib.MetricWriter(cfg.log.dir)
-    start = int(state.step)
     losses: list[float] = []
-    bar = tqdm(total=cfg.total_steps, initial=start, disable=not cfg.log.progress or jax.process_index() != 0)
     peak_flops = cfg.log.peak_tflops_per_device * 1e12 * jax.device_count()
     work: tuple[int, float] | None = None  # (tokens, model FLOPs) per step, from the first batch
     throughput: metrics_lib.Throughput | None = None
-    pending: tuple[int, dict] | None = None
 
-    def report(step: int, m: dict) -> None:
+    def on_metrics(step: int, m: dict[str, float]) -> None:
         nonlocal throughput
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        if not m.pop("finite"):
-            raise FloatingPointError(f"step {step}: loss {m['loss']} / grad norm {m['grad_norm']} not finite "
-                                     f"(state left at step {step - 1}'s values)")
         losses.append(m["loss"])
-        writer.step(step, m)
-        bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
-        bar.update(1)
         if throughput is None:  # timing starts once the first step (and its compile) is done
             throughput = metrics_lib.Throughput(*work, peak_flops)
         else:
             throughput.tick()
             if step % cfg.log.every == 0:
                 perf = throughput.read()
-                bar.set_postfix(loss=f"{m['loss']:.4f}", steps_per_s=f"{perf['perf/steps_per_s']:.2f}")
-                writer.scalars(step, {f"train/{k}": v for k, v in m.items()} | perf)
+                loop.bar.set_postfix(loss=f"{m['loss']:.4f}", steps_per_s=f"{perf['perf/steps_per_s']:.2f}")
+                loop.writer.scalars(step, {f"train/{k}": v for k, v in m.items()} | perf)
 
-    for s in range(start + 1, cfg.total_steps + 1):
+    loop = loop_lib.Loop(start=int(state.step), total_steps=cfg.total_steps, log=cfg.log, ckpt_cfg=cfg.ckpt,
+                         ckpt=ckpt, data_iter=data_iter, on_metrics=on_metrics, hooks=hooks,
+                         debug_kill_at_step=cfg.debug_kill_at_step)
+    for s in loop.steps():
         batch = to_device(next(data_iter))
         work = work or _work_per_step(cfg, batch)
         state, m = train_step(state, batch)
-        if pending is not None:
-            report(*pending)
-        pending = (s, m)
-        if s == cfg.debug_kill_at_step:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if ckpt is not None and (s % cfg.ckpt.every == 0 or s == cfg.total_steps):
-            report(*pending)
-            pending = None
-            ckpt.save(s, state, data_iter)
-        if cfg.log.sample_every and s % cfg.log.sample_every == 0:
-            for hook in hooks:
-                hook(s, state)
-    if pending is not None:
-        report(*pending)
-    bar.close()
-    if ckpt is not None:
-        ckpt.wait()
-        ckpt.close()
-    writer.close()
+        loop.dispatched(s, m)
+        loop.end_step(s, state)
+    loop.close()
     return losses
 
 

@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--frames-per-block", type=int, default=3)
     p.add_argument("--window", type=int, default=20, help="cached latent frames after the sink")
     p.add_argument("--attention", choices=["auto", "cudnn", "xla"], default="auto")
+    p.add_argument("--no-unroll", action="store_true", help="keep the layer scan rolled (the serving "
+                   "path unrolls it, see dit.unrolled)")
     p.add_argument("--chunks", type=int, default=3, help="timed chunks (the first one is warm-up)")
     p.add_argument("--rolling-blocks", type=int, default=10)
     p.add_argument("--out", default="bench/results/causal.json")
@@ -49,6 +51,8 @@ def main() -> None:
     overrides = dict(attention=a.attention)
     if a.layers:
         overrides["num_layers"] = a.layers
+    if not a.no_unroll:
+        overrides["scan_unroll"] = a.layers or (2 if a.tiny else 30)
     if a.tiny:
         cfg = WanDiTConfig.tiny(control="add", **overrides)
         hw, text_len = (4, 6), cfg.text_len

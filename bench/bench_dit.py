@@ -3,7 +3,7 @@
     python bench/bench_dit.py --frames 1 3 21 --out bench/results/dit.json
 
 Runs the JAX model for each latent-frame count (480×832 video → 30×52 latent → 390 tokens/frame,
-text context 512) with cuDNN and XLA attention; then, if torch+diffusers are importable and
+text context 512) with cuDNN and XLA attention, the layer scan rolled (training) and unrolled (serving); then, if torch+diffusers are importable and
 `--torch` is not 'off', diffusers' `WanTransformer3DModel` in a subprocess (eager and, with
 `--torch compile`, torch.compile). Prints a table of medians and writes JSON.
 """
@@ -11,6 +11,7 @@ text context 512) with cuDNN and XLA attention; then, if torch+diffusers are imp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -32,7 +33,8 @@ def _time(fn, warmup: int, iters: int) -> list[float]:
     return times
 
 
-def bench_jax(frames: list[int], iters: int, layers: int | None) -> list[dict]:
+def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
+              attentions: list[str]) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -40,11 +42,14 @@ def bench_jax(frames: list[int], iters: int, layers: int | None) -> list[dict]:
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
 
     rows = []
-    for attention in ("cudnn", "xla") if jax.default_backend() == "gpu" else ("xla",):
+    gpu = jax.default_backend() == "gpu"
+    variants = [(att, u) for att in attentions if gpu or att == "xla" for u in unrolls]
+    for attention, unroll in variants:
         overrides = dict(dtype="bfloat16", param_dtype="bfloat16", attention=attention)
         if layers:
             overrides["num_layers"] = layers
         cfg = WanDiTConfig.ti2v_5b(**overrides)
+        cfg = dataclasses.replace(cfg, scan_unroll=min(unroll, cfg.num_layers))
         with nnx.use_eager_sharding(False):
             graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
 
@@ -67,7 +72,8 @@ def bench_jax(frames: list[int], iters: int, layers: int | None) -> list[dict]:
             fwd(state, z, t, ctx).block_until_ready()
             compile_s = time.perf_counter() - t0
             times = _time(lambda: fwd(state, z, t, ctx).block_until_ready(), 3, iters)
-            rows.append(dict(impl=f"jax ({attention} attn)", frames=f, tokens=f * 390,
+            name = f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''})"
+            rows.append(dict(impl=name, frames=f, tokens=f * 390,
                              median_ms=statistics.median(times), min_ms=min(times), compile_s=compile_s))
             print(rows[-1], flush=True)
         del state
@@ -109,6 +115,9 @@ def main() -> None:
     p.add_argument("--frames", type=int, nargs="+", default=[1, 3, 21])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--layers", type=int, default=None, help="fewer layers for a quick CPU smoke run")
+    p.add_argument("--unroll", type=int, nargs="+", default=[1, 30],
+                   help="WanDiTConfig.scan_unroll variants (30 = the serving path, dit.unrolled)")
+    p.add_argument("--attention", nargs="+", default=["cudnn", "xla"], choices=["cudnn", "xla"])
     p.add_argument("--torch", choices=["off", "eager", "compile"], default="eager")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
@@ -127,7 +136,7 @@ def main() -> None:
             rows += json.loads(lines[-1][4:])
         else:
             print("torch reference skipped:", res.stderr.strip().splitlines()[-1:] or "no output")
-    rows += bench_jax(a.frames, a.iters, a.layers)
+    rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention)
     print(f"\n{'impl':28s} {'frames':>6s} {'tokens':>6s} {'median ms':>10s} {'min ms':>8s}")
     for r in rows:
         print(f"{r['impl']:28s} {r['frames']:6d} {r['tokens']:6d} {r['median_ms']:10.2f} {r['min_ms']:8.2f}")

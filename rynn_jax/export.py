@@ -76,16 +76,18 @@ def _spec(x: Any) -> dict:
 
 def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch: int,
                        latent_hw: tuple[int, int], platforms: Sequence[str] | None = None,
-                       state_shardings: Any = None) -> pathlib.Path:
-    """Export start + step of the causal student for `batch` sessions at `latent_hw` (h, w)."""
+                       state_shardings: Any = None, unroll_layers: bool = True) -> pathlib.Path:
+    """Export start + step of the causal student for `batch` sessions at `latent_hw` (h, w), with
+    the layers unrolled unless `unroll_layers=False` (see `dit.unrolled`)."""
     from flax import nnx
 
+    from rynn_jax.models.dit import unrolled
     from rynn_jax.teleop import streaming
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    graphdef, params = nnx.split(model)
+    graphdef, params = nnx.split(unrolled(model) if unroll_layers else model)
     start, leaves = _flat(streaming.make_start(graphdef, ccfg), params)
     step, _ = _flat(streaming.make_step(graphdef, ccfg, scfg), params)
     leaf_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]

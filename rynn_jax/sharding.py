@@ -67,6 +67,8 @@ class MeshConfig:
     fsdp: int = -1  # data parallel with parameters/optimizer state sharded along it (ZeRO-3)
     tensor: int = 1  # heads / mlp split (Megatron)
     context: int = 1  # sequence (token) split of activations
+    # The logical → mesh axis table this run uses (docs/SHARDING.md); a recipe may pass its own.
+    rules: tuple[tuple[str, str | tuple[str, ...] | None], ...] = LOGICAL_AXIS_RULES
 
 
 def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """Wan2.2 VAE: parity with diffusers' AutoencoderKLWan (2.2 variant), streaming == whole clip,
 both checkpoint namings, converter errors, and the full-size parameter count without allocating."""
 
+import dataclasses
 import re
 
 import jax
@@ -116,6 +117,23 @@ def test_decode_matches_diffusers(ref, ours):
     err = rel_l2(from_bthwc(got), want)
     print(f"decode rel L2 {err:.2e} (clamped {clamped:.1%})")
     assert err <= 1e-5
+
+
+@pytest.mark.parametrize("impl", ["3d", "sum2d"])
+def test_conv_impls_match_diffusers(ref, state_dict, video, impl):
+    """Every conv formulation (the default is fold2d, a GPU speed choice) computes the same
+    encoder and decoder."""
+    cfg = dataclasses.replace(CFG, conv_impl=impl)
+    params = convert_state_dict(state_dict, W.vae_rules(cfg, "diffusers"), W.abstract_params(cfg))
+    graphdef, params = nnx.split(V.vae_from_params(cfg, params))
+    z = torch.randn(B, CFG.z_dim, 4, 2, 3, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want_video = ref.decode(z).sample.numpy()
+        want_mu = ref.encode(video).latent_dist.mean.numpy()
+    got_video = decode(graphdef, params, (to_bthwc(z) - MEAN) / STD)
+    got_mu = encode(graphdef, params, to_bthwc(video))
+    assert rel_l2(from_bthwc(got_video), want_video) <= 1e-5
+    assert rel_l2(got_mu, (want_mu.transpose(0, 2, 3, 4, 1) - MEAN) / STD) <= 1e-5
 
 
 # --------------------------------------------------------------------------------------------------

@@ -103,28 +103,35 @@ def retarget(fingers: Chain, human_213: Array, q_init_20: Array,
     d, target, w = _targets(human, cfg)
     sw = jnp.sqrt(w)[:, None, None]
 
-    def update(q):
+    # Trip k evaluates the keypoints at q_k, then takes a Gauss-Newton step unless stopped, so
+    # the keypoints of the returned q are the last ones evaluated (no FK after the loop).
+    def trip(q, k):
         kp, jkp = robot_keypoints(fingers, q)
         r = sw[..., 0] * (jnp.einsum("mk,kc->mc", d, kp) - target)          # [M,3]
         jr = sw * jnp.einsum("mk,kcj->mcj", d, jkp)                          # [M,3,20]
         jr, r = jr.reshape(-1, 20), r.reshape(-1)
         h = jr.T @ jr + (cfg.reg_weight + cfg.damping) * jnp.eye(20, dtype=dt)
         g = jr.T @ r + cfg.reg_weight * (q - q0)
-        return jnp.clip(q - jnp.linalg.solve(h, g), lower, upper)
+        # Cholesky (h is SPD): unlike LU it needs no pivot-permutation loop, which cost more
+        # than the factorisation on CPU. A failed factorisation (NaN) keeps q, never NaN joints.
+        dq = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(h, lower=True), g)
+        q_next = jnp.where(jnp.all(jnp.isfinite(dq)), jnp.clip(q - dq, lower, upper), q)
+        stop = (k >= cfg.n_iters) | ~valid
+        if cfg.early_exit:
+            stop = stop | (jnp.max(jnp.abs(q_next - q)) < cfg.step_tol)
+        return jnp.where(stop, q, q_next), kp, stop
 
+    init = (q0, jnp.zeros((21, 3), dt), jnp.zeros((), bool), jnp.zeros((), jnp.int32))
     if cfg.early_exit:
-        # Real-time path: stop once the Gauss-Newton step is below `step_tol` (no reverse AD).
-        def cond(c):
-            return (c[1] < cfg.n_iters) & (c[2] > cfg.step_tol)
+        # Real-time path: stop once the Gauss-Newton step is below `step_tol` (that last tiny
+        # step is not taken; no reverse AD).
+        def body(c):
+            q, kp, stop = trip(c[0], c[3])
+            return q, kp, stop, c[3] + 1
 
-        def step(c):
-            q = update(c[0])
-            return q, c[1] + 1, jnp.max(jnp.abs(q - c[0]))
-
-        q = jax.lax.while_loop(cond, step, (q0, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dt)))[0]
+        q, kp, _, _ = jax.lax.while_loop(lambda c: ~c[2], body, init)
     else:
-        q = jax.lax.fori_loop(0, cfg.n_iters, lambda _, q: update(q), q0)
-    kp, _ = robot_keypoints(fingers, q)
+        q, kp, _, _ = jax.lax.fori_loop(0, cfg.n_iters + 1, lambda k, c: (*trip(c[0], k), c[3]), init)
     tips = jnp.asarray((THUMB_TIP,) + FINGER_TIPS)
     tip_err = jnp.mean(jnp.linalg.norm(kp[tips] - (human - human[:1])[tips] * cfg.hand_scale, axis=-1))
     return HandResult(jnp.where(valid, q, q0), tip_err, valid)

@@ -10,9 +10,12 @@ One iteration, exactly the SPEC's recipe:
 where q_ref comes from a partial IK that moves the elbow (M6 joint 4 origin) toward the
 upper-arm tracker's reference using only the 3×2 sub-Jacobian of q0, q1, and w = 0.5 on them.
 
-We evaluate J#_λ as Jᵀ(JJᵀ + λ²I)⁻¹, the same matrix in closed form (V diag(σ/(σ²+λ²)) Uᵀ,
-tested to 1e-12): it needs only σ_max, taken by power iteration (no SVD, which is slow batched
-on GPUs), so the solver stays differentiable at singular arms.
+We evaluate J#_λ e as Jᵀ(JJᵀ + λ²I)⁻¹ e (or (JᵀJ + λ²I)⁻¹Jᵀ e for a tall J), the same matrix
+in closed form (V diag(σ/(σ²+λ²)) Uᵀ, tested to 1e-12): it needs only σ_max, taken from the
+same small Gram matrix (closed form for 2×2, else power iteration by repeated squaring; no SVD,
+which is slow batched on GPUs), so the solver stays differentiable at singular arms. The SPD
+system is solved by an unrolled Cholesky: on CPU, LAPACK calls plus LU's pivot loop cost more
+than the 6×6 arithmetic (the real-time step is latency-bound by the number of kernels).
 
 Static shapes: a fixed `n_iters` loop (lax.fori_loop, reverse-differentiable) with a
 per-problem "done" mask that freezes a solution once it meets the tolerances. `vmap` over
@@ -59,36 +62,88 @@ class IKResult(NamedTuple):
     iters: Array         # iterations that actually updated q
 
 
+def _chol_solve(a_mm: Array, b_mk: Array, floor: Array) -> Array:
+    """X = A⁻¹ B for a small symmetric positive-definite A (static m ≤ 7), Cholesky unrolled
+    into elementwise ops that XLA fuses. Pivots are floored at `floor` (pass ≤ the smallest
+    eigenvalue of A, e.g. λ²/2): a no-op in exact arithmetic, but float32 round-off at a
+    singular arm can then never turn a pivot negative (NaN)."""
+    m = a_mm.shape[-1]
+    low = [[None] * m for _ in range(m)]
+    for j in range(m):
+        low[j][j] = jnp.sqrt(jnp.maximum(a_mm[j, j] - sum(low[j][k] ** 2 for k in range(j)), floor))
+        for i in range(j + 1, m):
+            low[i][j] = (a_mm[i, j] - sum(low[i][k] * low[j][k] for k in range(j))) / low[j][j]
+    y = []
+    for i in range(m):                                                     # L y = B
+        y.append((b_mk[i] - sum(low[i][k] * y[k] for k in range(i))) / low[i][i])
+    x = [None] * m
+    for i in reversed(range(m)):                                           # Lᵀ X = y
+        x[i] = (y[i] - sum(low[k][i] * x[k] for k in range(i + 1, m))) / low[i][i]
+    return jnp.stack(x)
+
+
+def _gram(j_mn: Array) -> Array:
+    """The smaller Gram matrix: J Jᵀ (m ≤ n) or Jᵀ J. Both have eigenvalues σ_i²."""
+    return j_mn @ j_mn.T if j_mn.shape[0] <= j_mn.shape[1] else j_mn.T @ j_mn
+
+
+def _sigma_max_gram(g_mm: Array, squarings: int = 4) -> Array:
+    """√λ_max of a Gram matrix. 2×2: closed form. Larger: power iteration from a fixed start,
+    done as `squarings` matrix squarings (G^16 v₀ for 4: the same vector as 16 mat-vec
+    iterations in a quarter of the sequential kernels). The Rayleigh quotient is accurate
+    even when σ₁ ≈ σ₂ (any vector in their span gives ≈ σ₁²), the slow case of the iteration."""
+    tiny = jnp.finfo(g_mm.dtype).tiny
+    m = g_mm.shape[-1]
+    if m == 1:
+        return jnp.sqrt(jnp.maximum(g_mm[0, 0], tiny))
+    if m == 2:
+        a, b, d = g_mm[0, 0], g_mm[0, 1], g_mm[1, 1]
+        disc = jnp.sqrt(jnp.maximum(0.25 * (a - d) ** 2 + b * b, tiny))   # floors keep grads finite
+        return jnp.sqrt(jnp.maximum(0.5 * (a + d) + disc, tiny))
+    p = g_mm / jnp.maximum(jnp.trace(g_mm), tiny)
+    for _ in range(squarings):
+        p = p @ p
+        p = p / jnp.maximum(jnp.trace(p), tiny)                            # no overflow, any scale
+    # A fixed start with distinct entries: never orthogonal to the top eigenvector in practice.
+    v = p @ jnp.linspace(1.0, 2.0, m, dtype=g_mm.dtype)
+    v = v * jax.lax.rsqrt(jnp.maximum(v @ v, tiny))
+    return jnp.sqrt(jnp.maximum(v @ (g_mm @ v), tiny))
+
+
+def sigma_max(j_mn: Array) -> Array:
+    """Largest singular value of J (see `_sigma_max_gram`)."""
+    return _sigma_max_gram(_gram(j_mn))
+
+
+def adaptive_lambda(j_mn: Array, cfg: IKConfig) -> Array:
+    """The SPEC's λ = λ_min + gain / (1 + σ_max(J))."""
+    return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max(j_mn))
+
+
+def damped_apply(j_mn: Array, rhs_mk: Array, lam: Array | None = None,
+                 cfg: IKConfig = IKConfig()) -> Array:
+    """J#_λ · rhs ([n, k]) through the smaller Gram matrix: Jᵀ(JJᵀ + λ²I)⁻¹ rhs for a wide J,
+    (JᵀJ + λ²I)⁻¹Jᵀ rhs for a tall one (equal matrices). lam=None: the adaptive λ of `cfg`,
+    with σ_max from the same Gram matrix."""
+    g = _gram(j_mn)
+    if lam is None:
+        lam = cfg.lambda_min + cfg.lambda_gain / (1.0 + _sigma_max_gram(g))
+    lam2 = jnp.asarray(lam * lam, g.dtype)
+    a = g + lam2 * jnp.eye(g.shape[0], dtype=g.dtype)
+    if j_mn.shape[0] <= j_mn.shape[1]:
+        return j_mn.T @ _chol_solve(a, rhs_mk, 0.5 * lam2)
+    return _chol_solve(a, j_mn.T @ rhs_mk, 0.5 * lam2)
+
+
 def damped_pinv(j_mn: Array, lam: Array) -> Array:
-    """J#_λ = Jᵀ (J Jᵀ + λ² I)⁻¹ (n × m); equals V diag(σ/(σ²+λ²)) Uᵀ."""
-    m = j_mn.shape[0]
-    a = j_mn @ j_mn.T + (lam * lam) * jnp.eye(m, dtype=j_mn.dtype)
-    return jnp.linalg.solve(a, j_mn).T
+    """J#_λ (n × m); equals V diag(σ/(σ²+λ²)) Uᵀ."""
+    return damped_apply(j_mn, jnp.eye(j_mn.shape[0], dtype=j_mn.dtype), lam)
 
 
 def damped_pinv_svd(j_mn: Array, lam: Array) -> Array:
     """The SPEC's literal SVD form (reference for tests; not differentiable at σ_i = σ_j)."""
     u, s, vt = jnp.linalg.svd(j_mn, full_matrices=False)
     return (vt.T * (s / (s * s + lam * lam))) @ u.T
-
-
-def sigma_max(j_mn: Array, iters: int = 16) -> Array:
-    """Largest singular value of J by power iteration on the smaller Gram matrix.
-
-    Batched SVD is slow on GPUs (it dominated a vmapped solve); a few small mat-vecs are not.
-    The Rayleigh quotient is accurate even when σ₁ ≈ σ₂ (then any vector in their span gives
-    ≈ σ₁²), which is the only case where power iteration converges slowly."""
-    g = j_mn @ j_mn.T if j_mn.shape[0] <= j_mn.shape[1] else j_mn.T @ j_mn
-    # A fixed start with distinct entries: never orthogonal to the top eigenvector in practice.
-    v = jnp.linspace(1.0, 2.0, g.shape[0], dtype=g.dtype)
-    for _ in range(iters):
-        v = g @ v
-        v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(g.dtype).tiny)
-    return jnp.sqrt(jnp.maximum(v @ (g @ v), 0.0))
-
-
-def adaptive_lambda(j_mn: Array, cfg: IKConfig) -> Array:
-    return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max(j_mn))
 
 
 def _target_ok(t_44: Array, cfg: IKConfig) -> Array:
@@ -98,10 +153,11 @@ def _target_ok(t_44: Array, cfg: IKConfig) -> Array:
 
 
 def _dls_update(jac: Array, e: Array, prior: Array, cfg: IKConfig) -> tuple[Array, Array]:
-    """Δq = J#_λ e + (I − J#_λ J) prior; also returns the null-space part."""
-    jp = damped_pinv(jac, adaptive_lambda(jac, cfg))
-    dq_null = prior - jp @ (jac @ prior)
-    return jp @ e + dq_null, dq_null
+    """Δq = J#_λ e + (I − J#_λ J) prior; also returns the null-space part. One factorisation
+    serves both right-hand sides (e and J·prior)."""
+    x = damped_apply(jac, jnp.stack([e, jac @ prior], axis=-1), cfg=cfg)
+    dq_null = prior - x[:, 1]
+    return x[:, 0] + dq_null, dq_null
 
 
 def dls_step(chain: Chain, q_n: Array, t_target_44: Array, elbow_ref_3: Array,
@@ -113,7 +169,7 @@ def dls_step(chain: Chain, q_n: Array, t_target_44: Array, elbow_ref_3: Array,
     # Partial IK for the shoulder: move the elbow toward its reference with q0, q1 only.
     elbow = frames.anchor_n3[cfg.elbow_joint]
     je = fk.point_jacobian(frames, elbow, 2)
-    dq_shoulder = damped_pinv(je, adaptive_lambda(je, cfg)) @ (elbow_ref_3 - elbow)
+    dq_shoulder = damped_apply(je, (elbow_ref_3 - elbow)[:, None], cfg=cfg)[:, 0]
     prior = jnp.zeros_like(q_n).at[:2].set(elbow_w * dq_shoulder)          # w (q_ref − q)
     lower, upper = chain.lower_n.astype(q_n.dtype), chain.upper_n.astype(q_n.dtype)
     dq, dq_null = _dls_update(jac, e, prior, cfg)
@@ -138,39 +194,40 @@ def solve(chain: Chain, t_target_44: Array, q_init_n: Array, elbow_ref_3: Array 
     lower, upper = chain.lower_n.astype(dt), chain.upper_n.astype(dt)
     q0 = jnp.clip(jnp.where(jnp.isfinite(q_init_n), q_init_n, 0.5 * (lower + upper)), lower, upper)
     valid = _target_ok(t_target_44, cfg)
-    # Rejected targets are replaced by the warm start's own pose before any arithmetic, so
-    # NaN can reach neither the solution nor its gradient.
-    t_safe = jnp.where(valid, t_target_44, jax.lax.stop_gradient(fk.chain_tip(chain, q0)))
+    # A rejected target is swapped for the identity before any arithmetic and the loop is
+    # stopped at once, so NaN can reach neither the solution nor its gradient.
+    t_safe = jnp.where(valid, t_target_44, jnp.eye(4, dtype=dt))
     if elbow_ref_3 is None:
         elbow_ref_3 = jnp.full(3, jnp.nan, dt)
     has_elbow = jnp.all(jnp.isfinite(elbow_ref_3)) & (cfg.elbow_weight > 0)
     elbow_safe = jnp.where(has_elbow, elbow_ref_3, 0.0)
     elbow_w = jnp.where(has_elbow, cfg.elbow_weight, 0.0).astype(dt)
 
-    def update(q):
+    # Trip k evaluates the error at q_k and then updates q unless done (or k = n_iters). The
+    # error of the returned q is therefore the last one evaluated: no FK after the loop.
+    def trip(q, k):
         q_next, e, null = dls_step(chain, q, t_safe, elbow_safe, elbow_w, cfg)
         done = ((jnp.linalg.norm(e[:3]) < cfg.tol_pos) & (jnp.linalg.norm(e[3:]) < cfg.tol_rot)
-                & (null < cfg.tol_null))
-        return jnp.where(done, q, q_next), done
+                & (null < cfg.tol_null)) | ~valid
+        stop = done | (k >= cfg.n_iters)
+        return jnp.where(stop, q, q_next), e, stop, (~stop).astype(jnp.int32)
 
+    init = (q0, jnp.zeros(6, dt), jnp.zeros((), bool), jnp.zeros((), jnp.int32))
     if cfg.early_exit:
         # Real-time path: stop as soon as the tolerances hold (forward-mode AD only).
-        def cond(c):
-            return (c[1] < cfg.n_iters) & ~c[2]
+        def body(c):
+            q, e, stop, upd = trip(c[0], c[3])
+            return q, e, stop, c[3] + upd
 
-        def step(c):
-            q, done = update(c[0])
-            return q, c[1] + (~done).astype(jnp.int32), done
-
-        q, iters, _ = jax.lax.while_loop(cond, step, (q0, jnp.zeros((), jnp.int32), jnp.zeros((), bool)))
+        q, e, _, iters = jax.lax.while_loop(lambda c: ~c[2], body, init)
     else:
-        def body(_, carry):
-            q, done = update(carry[0])
-            return q, carry[1] + (~done).astype(jnp.int32)
+        def body(k, c):
+            q, e, stop, upd = trip(c[0], k)
+            return q, e, stop, c[3] + upd
 
-        q, iters = jax.lax.fori_loop(0, cfg.n_iters, body, (q0, jnp.zeros((), jnp.int32)))
-    e = se3.pose_error(t_safe, fk.chain_tip(chain, q))
-    pos_err, rot_err = jnp.linalg.norm(e[:3]), jnp.linalg.norm(e[3:])
+        q, e, _, iters = jax.lax.fori_loop(0, cfg.n_iters + 1, body, init)
+    pos_err = jnp.where(valid, jnp.linalg.norm(e[:3]), 0.0)
+    rot_err = jnp.where(valid, jnp.linalg.norm(e[3:]), 0.0)
     q = jnp.where(valid, q, q0)
     return IKResult(q, pos_err, rot_err, (pos_err < cfg.tol_pos) & (rot_err < cfg.tol_rot) & valid,
                     valid, iters)

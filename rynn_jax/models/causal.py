@@ -216,14 +216,44 @@ def block_causal_mask(num_frames: int, tokens_per_frame: int, frames_per_block: 
     return np.block([[plain, no], [before, same]])
 
 
+def block_spans(num_frames: int, tokens_per_frame: int, frames_per_block: int) -> list[tuple[int, int]]:
+    """Token [start, end) of every block (the last one may be shorter)."""
+    n = -(-num_frames // frames_per_block)
+    return [(i * frames_per_block * tokens_per_frame, min((i + 1) * frames_per_block, num_frames) * tokens_per_frame)
+            for i in range(n)]
+
+
+def blockwise_attention(attn: WanAttention, q_blnh: jax.Array, k_blnh: jax.Array, v_blnh: jax.Array,
+                        spans: list[tuple[int, int]], teacher_forcing: bool) -> jax.Array:
+    """`block_causal_mask` attention (+ output projection) without a mask: one unmasked call per
+    query block over exactly the keys it may see, so only the allowed logits are computed and
+    cuDNN runs its plain flash kernel (a dense mask would become a (2L)² bias, computed in full,
+    with a dbias in the backward pass). Plain: block i's queries see keys [0, end_i). Teacher
+    forcing ([clean; noisy], L tokens each): clean block i as plain; noisy block i sees
+    clean [0, start_i) + noisy [start_i, end_i)."""
+    length = spans[-1][1]
+    outs, noisy_outs = [], []
+    for start, end in spans:
+        outs.append(attn.attend(q_blnh[:, start:end], k_blnh[:, :end], v_blnh[:, :end]))
+        if teacher_forcing:
+            k = jnp.concatenate([k_blnh[:, :start], k_blnh[:, length + start:length + end]], axis=1)
+            v = jnp.concatenate([v_blnh[:, :start], v_blnh[:, length + start:length + end]], axis=1)
+            noisy_outs.append(attn.attend(q_blnh[:, length + start:length + end], k, v))
+    return jnp.concatenate(outs + noisy_outs, axis=1)
+
+
 def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array,
                          control_bthwc: jax.Array | None = None, *, frames_per_block: int,
-                         noisy_bthwc: jax.Array | None = None, noisy_t_bf: jax.Array | None = None) -> jax.Array:
+                         noisy_bthwc: jax.Array | None = None, noisy_t_bf: jax.Array | None = None,
+                         blockwise: bool | None = None) -> jax.Array:
     """One forward of a whole chunk under the block-causal mask (absolute positions, no cache).
 
     With `noisy_bthwc` (teacher forcing, e.g. the causal flow-matching warm-up) the clean chunk
     `z_bthwc` is context and the velocity of the noisy copy is returned; else the velocity of z.
-    Dense (L, L) mask: for training and tests, not for the 21-frame serving path."""
+    `blockwise` (default: on every backend but CPU) computes the attention block by block
+    (`blockwise_attention`: no mask, no masked-out logits); otherwise one attention call with the
+    dense (L, L) boolean mask, which is what CPU tests pin and fine at their sizes, but at 5B
+    (2 × 8190 tokens) would be 13 GB of logits per layer with XLA attention."""
     cfg = model.cfg
     grid = token_grid(z_bthwc.shape, cfg)
     f, tokens = grid[0], grid[1] * grid[2]
@@ -234,13 +264,19 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
         x_bld = jnp.concatenate([x_bld, _input_tokens(model, noisy_bthwc, control_bthwc)], axis=1)
         t_bf = jnp.concatenate([t_bf, noisy_t_bf], axis=1)
         rope_cs = tuple(jnp.concatenate([a, a], axis=0) for a in rope_cs)  # same positions twice
-    mask = jnp.asarray(block_causal_mask(f, tokens, frames_per_block, forcing))[None, None]
+    if blockwise is None:
+        blockwise = jax.default_backend() != "cpu"
+    spans = block_spans(f, tokens, frames_per_block)
+    mask = None if blockwise else jnp.asarray(block_causal_mask(f, tokens, frames_per_block, forcing))[None, None]
     ctx_bsd = model.embed_text(ctx_bsk)
     temb_bfd, tproj_bf6d = model.embed_time(t_bf)
     num_frames = t_bf.shape[1]
 
     def self_attention(attn: WanAttention, h_bld: jax.Array):
-        return attn.attend(attn.query(h_bld, rope_cs), *attn.key_value(h_bld, rope_cs), mask_bnls=mask), None
+        q_blnh, (k_blnh, v_blnh) = attn.query(h_bld, rope_cs), attn.key_value(h_bld, rope_cs)
+        if blockwise:
+            return blockwise_attention(attn, q_blnh, k_blnh, v_blnh, spans, forcing), None
+        return attn.attend(q_blnh, k_blnh, v_blnh, mask_bnls=mask), None
 
     def layer(block: WanBlock, x, _):
         return block.forward(x, ctx_bsd, tproj_bf6d, num_frames, self_attention=self_attention)

@@ -50,6 +50,9 @@ class WanDiTConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     attention: Literal["auto", "xla", "cudnn"] = "auto"  # auto: cuDNN flash on GPU in bf16/fp16
     remat: Literal["none", "full", "save_dots"] = "none"  # activation checkpointing per block
+    # Blocks per iteration of the layer scan. num_layers unrolls it fully: no device loop, and XLA
+    # sees each layer's weights as a static slice (an inference knob; compiles num_layers blocks).
+    scan_unroll: int = 1
     # Action control (RynnWorld-Teleop, see models/control.py); "none" is the plain Wan2.2 model.
     control: Literal["none", "add", "concat"] = "none"
     control_channels: int = 48  # channels of the skeleton video's VAE latent
@@ -302,7 +305,7 @@ class WanDiT(nnx.Module):
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-        return jax.lax.scan(body, x_bld, (state, layer_xs))
+        return jax.lax.scan(body, x_bld, (state, layer_xs), unroll=cfg.scan_unroll)
 
     def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
         cfg = self.cfg
@@ -369,6 +372,15 @@ def init_dit(cfg: WanDiTConfig, seed: int = 0) -> WanDiT:
 def abstract_dit(cfg: WanDiTConfig) -> WanDiT:
     """The model with ShapeDtypeStruct leaves: shapes and count without allocating anything."""
     return build.abstract_model(WanDiT, cfg)
+
+
+def unrolled(model: WanDiT) -> WanDiT:
+    """The same parameters (shared, not copied) with the layer scan fully unrolled: for serving, where
+    nothing is differentiated. On an H200 the scanned 5B forward at 1170 tokens spends 7.5 of its
+    28.5 ms copying each layer's weights out of the stacked arrays; unrolled it takes 24.9 ms."""
+    cfg = dataclasses.replace(model.cfg, scan_unroll=model.cfg.num_layers)
+    graphdef, _ = nnx.split(abstract_dit(cfg))
+    return nnx.merge(graphdef, nnx.state(model))
 
 
 def dit_from_params(cfg: WanDiTConfig, params: dict) -> WanDiT:

@@ -74,6 +74,11 @@ class WanVAEConfig:
     dtype: str = "float32"  # compute dtype of convs/attention; norms always reduce in float32
     param_dtype: str = "float32"  # storage dtype of parameters
     precision: Literal["default", "high", "highest"] = "default"  # conv precision; highest: no TF32
+    # How a causal k_t×3×3 conv is computed (same function, different kernels; see _conv):
+    # "fold2d" the k_t input frames stacked on channels, one 2-D conv (H200: streaming decode
+    # 61.3 → 50.8 ms, encode 18.3 → 15.0 ms per chunk; also faster on CPU); "3d" one 3-D conv;
+    # "sum2d" k_t 2-D convs summed in float32 (slowest). 1×1×1 convs are 2-D unless "3d".
+    conv_impl: Literal["3d", "fold2d", "sum2d"] = "fold2d"
 
     def __post_init__(self):
         if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
@@ -121,14 +126,40 @@ def _param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], cfg: WanVAECo
                                                         jnp.dtype(cfg.param_dtype)))
 
 
+CONV_IMPLS: tuple[str, ...] = ("3d", "fold2d", "sum2d")
+
+
 def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAEConfig,
           stride: tuple[int, int, int] = (1, 1, 1),
           pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))) -> jax.Array:
-    """3D conv, time unpadded ('valid'), space padded by `pad_hw`."""
+    """3D conv, time unpadded ('valid'), space padded by `pad_hw`.
+
+    The 2-D formulations exist because GPU conv libraries are tuned for 2-D NHWC convs: frames go
+    into the batch axis, and the time taps either into input channels (fold2d) or a sum (sum2d)."""
     precision = None if cfg.precision == "default" else cfg.precision
-    y = jax.lax.conv_general_dilated(
-        x, kernel_thwio.astype(x.dtype), window_strides=stride, padding=((0, 0), *pad_hw),
-        dimension_numbers=_CONV_DIMS, precision=precision)
+    kernel = kernel_thwio.astype(x.dtype)
+    kt, kh, kw, c_in, c_out = kernel.shape
+    if cfg.conv_impl == "3d" or stride[0] != 1:
+        y = jax.lax.conv_general_dilated(
+            x, kernel, window_strides=stride, padding=((0, 0), *pad_hw),
+            dimension_numbers=_CONV_DIMS, precision=precision)
+        return y + bias.astype(x.dtype)
+    b, t = x.shape[0], x.shape[1] - kt + 1
+
+    def conv2d(x_bthwc: jax.Array, kernel_hwio: jax.Array, out_dtype: Any = None) -> jax.Array:
+        y = jax.lax.conv_general_dilated(
+            x_bthwc.reshape(b * t, *x_bthwc.shape[2:]), kernel_hwio, window_strides=stride[1:],
+            padding=pad_hw, dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision,
+            preferred_element_type=out_dtype)
+        return y.reshape(b, t, *y.shape[1:])
+
+    if kt == 1:
+        y = conv2d(x, kernel[0])
+    elif cfg.conv_impl == "fold2d":  # channel index (tap, c): tap-major, as the kernel reshape
+        x_taps = jnp.concatenate([x[:, i:i + t] for i in range(kt)], axis=-1)
+        y = conv2d(x_taps, kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
+    else:
+        y = sum(conv2d(x[:, i:i + t], kernel[i], jnp.float32) for i in range(kt)).astype(x.dtype)
     return y + bias.astype(x.dtype)
 
 

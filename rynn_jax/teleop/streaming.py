@@ -33,7 +33,7 @@ from rynn_jax.diffusion import samplers
 from rynn_jax.diffusion.schedules import flow_sigmas, flow_timesteps
 from rynn_jax.models import causal
 from rynn_jax.models import vae as vae_lib
-from rynn_jax.models.dit import WanDiT
+from rynn_jax.models.dit import WanDiT, unrolled
 from rynn_jax.models.vae import WanVAE
 
 State = dict[str, Any]  # plain dicts of arrays: jit/export friendly
@@ -128,12 +128,13 @@ def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n:
 
 
 class CausalStudent:
-    """The causal DiT split once, its start/step jitted once (the state is donated)."""
+    """The causal DiT split once, its start/step jitted once (the state is donated).
+    `unroll_layers`: serve the layers unrolled (`dit.unrolled`; faster, longer compile)."""
 
     def __init__(self, model: WanDiT, ccfg: causal.CausalConfig = causal.CausalConfig(),
-                 scfg: StepConfig = StepConfig()):
+                 scfg: StepConfig = StepConfig(), *, unroll_layers: bool = True):
         self.cfg, self.ccfg, self.scfg = model.cfg, ccfg, scfg
-        self.graphdef, self.params = nnx.split(model)
+        self.graphdef, self.params = nnx.split(unrolled(model) if unroll_layers else model)
         self.start_fn = jax.jit(make_start(self.graphdef, ccfg))
         self.step_fn = jax.jit(make_step(self.graphdef, ccfg, scfg), donate_argnums=1)
         self.anchor_fn = jax.jit(anchor_state, donate_argnums=0)
@@ -267,11 +268,13 @@ class StreamingSession:
     wants `frames_needed` new skeleton frames and returns as many new RGB frames:
     1 + 4(F−1) for the session's first block, 4(F−1) for a re-anchored chunk's first block (its
     frame 0 is the anchor, already shown; its skeleton frame is the previous block's last), 4F else.
-    `chunk_frames=None` (rolling cache only) never re-anchors.
+    `chunk_frames=None` (rolling cache only) never re-anchors. `unroll_layers`: serve the DiT's
+    layers unrolled (`dit.unrolled`; faster, longer compile).
     """
 
     def __init__(self, dit: WanDiT, vae: WanVAE, ccfg: causal.CausalConfig = causal.CausalConfig(),
-                 scfg: StepConfig = StepConfig(), *, chunk_frames: int | None = 21):
+                 scfg: StepConfig = StepConfig(), *, chunk_frames: int | None = 21,
+                 unroll_layers: bool = True):
         fpb = ccfg.frames_per_block
         if chunk_frames is None and ccfg.policy != "rolling":
             raise ValueError("sessions without re-anchoring need the rolling cache policy")
@@ -280,7 +283,7 @@ class StreamingSession:
             raise ValueError(f"chunk_frames ({chunk_frames}) must be a multiple of frames_per_block ({fpb})"
                              f" and, with the full cache, at most {ccfg.cache_frames}")
         self.ccfg, self.chunk_frames = ccfg, chunk_frames
-        self.dit_graphdef, self.dit_params = nnx.split(dit)
+        self.dit_graphdef, self.dit_params = nnx.split(unrolled(dit) if unroll_layers else dit)
         self.vae_graphdef, self.vae_params = nnx.split(vae)
         self.dit_cfg = dit.cfg
         self._start = jax.jit(make_stream_start(self.dit_graphdef, self.vae_graphdef, vae.cfg, ccfg))

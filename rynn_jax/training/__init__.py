@@ -9,4 +9,7 @@
   input.py          grain iterators: latent shard mixture or synthetic clips
   checkpointing.py  orbax CheckpointManager: state + data iterator, fallback on corrupt steps
   metrics.py        TensorBoard / metrics.jsonl writer, throughput and MFU
+  samples.py        sample videos (skeleton | generated | truth MP4s) every log.sample_every steps
+  loop.py           the host side of the step loop (train.py and distill.py): metrics one step
+                    late, finiteness check, checkpoint, sample hooks
 """

@@ -87,7 +87,7 @@ def logical_specs(abstract: TrainState, tx: optax.GradientTransformation) -> Tra
 def state_shardings(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Mesh) -> tuple[TrainState, TrainState]:
     """(abstract state, NamedSharding tree) — no allocation."""
     abstract = jax.eval_shape(_init_fn(cfg, tx), jax.random.PRNGKey(cfg.seed))
-    return abstract, sharding.named_shardings(logical_specs(abstract, tx), mesh)
+    return abstract, sharding.named_shardings(logical_specs(abstract, tx), mesh, cfg.mesh.rules)
 
 
 def create_train_state(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Mesh

@@ -89,16 +89,24 @@ def batch_shardings(mesh: Mesh, batch: dict) -> dict[str, NamedSharding]:
     return {k: NamedSharding(mesh, PartitionSpec(axes)) for k in batch}
 
 
+def jitted_step(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation, mesh: Mesh,
+                state_shardings: TrainState, batch_spec: dict):
+    """The `jax.jit` of the step for `mesh` (shardings explicit, the old state donated), not yet
+    traced: trace it (call, or `.lower(...)` for AOT compile and memory analysis) inside
+    `sharding.axis_rules(mesh, cfg.mesh.rules)`. bench/sharding_sweep.py compiles it this way."""
+    return jax.jit(make_step_fn(cfg, graphdef, tx),
+                   in_shardings=(state_shardings, batch_shardings(mesh, batch_spec)),
+                   out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())),
+                   donate_argnums=(0,))
+
+
 def jit_step(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation, mesh: Mesh,
              state_shardings: TrainState, batch_spec: dict) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The step compiled for `mesh`: shardings explicit, the old state donated."""
-    jitted = jax.jit(make_step_fn(cfg, graphdef, tx),
-                     in_shardings=(state_shardings, batch_shardings(mesh, batch_spec)),
-                     out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())),
-                     donate_argnums=(0,))
+    jitted = jitted_step(cfg, graphdef, tx, mesh, state_shardings, batch_spec)
 
     def run(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        with sharding.axis_rules(mesh):
+        with sharding.axis_rules(mesh, cfg.mesh.rules):
             return jitted(state, batch)
 
     return run

@@ -1,0 +1,253 @@
+"""Where the GPU time goes: per-kernel breakdowns of the serving hot paths, plus conv-layout variants.
+
+    python bench/profile_ops.py --targets conv dit vae_decode vae_encode --out bench/results/profile_h200.json
+    python bench/profile_ops.py --targets conv dit --tiny --out /tmp/p.json          # CPU smoke check
+
+For each target the jitted call is run under `jax.profiler.trace`; the device plane's kernel events
+are summed per call and grouped into categories (matmul, conv, attention, copy, elementwise fusion,
+other). `busy_ms` is the summed kernel time per call, `wall_ms` the host-timed median: their gap is
+launch / synchronisation overhead. `conv` times one causal 3×3×3 VAE conv at the decoder's real
+shapes in three formulations (3D conv; time folded into input channels then a 2D conv; a sum of three
+2D convs) — the winner is what `WanVAEConfig.conv_impl` should default to on GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+_CATEGORIES = (  # first match wins, on the lower-cased kernel name
+    ("attention", r"flash|fmha|_attn|attention|sdpa"),
+    ("conv", r"conv(?!ert)|fprop|dgrad|wgrad|implicit_gemm|cudnn"),
+    ("matmul", r"gemm|cublas|cutlass|nvjet|xmma|matmul|dot"),
+    ("copy", r"copy|memcpy|memset|dynamic.?slice|dynamic.?update|transpose|concatenate"),
+    ("fusion", r"fusion|loop_|input_|reduce|wrapped"),
+)
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for cat, pattern in _CATEGORIES:
+        if re.search(pattern, low):
+            return cat
+    return "other"
+
+
+def _time(fn, warmup: int, iters: int) -> list[float]:
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
+    """Profile `fn()` (already compiled) `iters` times; kernel time per call by category and op."""
+    wall = _time(fn, 2, max(iters, 5))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(iters):
+                jax.block_until_ready(fn())
+        (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+        by_cat: dict[str, float] = collections.Counter()
+        by_op: dict[str, float] = collections.Counter()
+        count: dict[str, int] = collections.Counter()
+        device_planes = [p for p in data.planes if p.name.startswith("/device:")]
+        for plane in device_planes:
+            for line in plane.lines:
+                if "stream" not in line.name.lower() and device_planes:
+                    continue  # GPU planes also carry summary lines ("XLA Ops", "Launch stats")
+                for ev in line.events:
+                    stats = dict(ev.stats)
+                    hlo = str(stats.get("hlo_op", ""))
+                    # Inside command buffers hlo_op names the buffer: the kernel name says more.
+                    op = ev.name if not hlo or hlo.startswith("command_buffer") else f"{hlo} [{ev.name}]"
+                    ms = ev.duration_ns / 1e6 / iters
+                    by_cat[_category(ev.name)] += ms
+                    by_op[f"{_category(ev.name)}:{op}"] += ms
+                    count[f"{_category(ev.name)}:{op}"] += 1
+        if not device_planes:  # CPU: thunk events on the host plane
+            for plane in data.planes:
+                for line in plane.lines:
+                    for ev in line.events:
+                        stats = dict(ev.stats)
+                        if "hlo_op" in stats:
+                            op = str(stats["hlo_op"])
+                            ms = ev.duration_ns / 1e6 / iters
+                            by_cat[_category(op)] += ms
+                            by_op[f"{_category(op)}:{op}"] += ms
+                            count[f"{_category(op)}:{op}"] += 1
+    busy = sum(by_cat.values())
+    return dict(wall_ms=statistics.median(wall), busy_ms=busy,
+                kernels_per_call=sum(count.values()) / iters,
+                by_category={k: round(v, 3) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+                top_ops=[dict(op=k, ms=round(v, 3), calls=count[k] // iters)
+                         for k, v in by_op.most_common(top)])
+
+
+def _print(name: str, res: dict) -> None:
+    print(f"\n== {name}: wall {res['wall_ms']:.2f} ms, kernels {res['busy_ms']:.2f} ms "
+          f"({res['kernels_per_call']:.0f} launches/call)")
+    print("   by category: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_category"].items()))
+    for row in res["top_ops"]:
+        print(f"   {row['ms']:8.3f} ms  x{row['calls']:<4d} {row['op'][:110]}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------------
+
+
+def target_conv(tiny: bool, iters: int) -> list[dict]:
+    from rynn_jax.models import vae as V
+
+    shapes = ([(1, 4, 16, 24, 16)] if tiny else
+              [(1, 4, 240, 416, 256), (1, 4, 120, 208, 512), (1, 2, 60, 104, 1024), (1, 4, 240, 416, 160)])
+    rows = []
+    for b, t, h, w, c in shapes:
+        key = jax.random.key(0)
+        x = jax.random.normal(key, (b, t + 2, h, w, c), jnp.bfloat16)
+        k = (jax.random.normal(key, (3, 3, 3, c, c), jnp.float32) * 0.02).astype(jnp.bfloat16)
+        bias = jnp.zeros((c,), jnp.bfloat16)
+        flops = 2 * 27 * c * c * b * t * h * w
+        for impl in V.CONV_IMPLS:
+            cfg = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
+            f = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))
+            f(x, k, bias).block_until_ready()
+            ms = statistics.median(_time(lambda: f(x, k, bias), 3, iters))
+            rows.append(dict(shape=[b, t, h, w, c], impl=impl, ms=ms, tflops=flops / ms / 1e9))
+            print(f"conv {rows[-1]['shape']} {impl:10s} {ms:8.3f} ms  {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
+        ref = jax.jit(lambda x, k, bias: V._conv(
+            x, k, bias, V.WanVAEConfig.wan22(dtype="float32", conv_impl="3d"), pad_hw=((1, 1), (1, 1))))
+        y_ref = ref(x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
+        for impl in V.CONV_IMPLS:
+            cfg = V.WanVAEConfig.wan22(dtype="float32", conv_impl=impl)
+            y = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))(
+                x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
+            err = float(jnp.linalg.norm(y - y_ref) / jnp.linalg.norm(y_ref))
+            print(f"     {impl:10s} fp32 rel-L2 vs 3d: {err:.2e}")
+            next(r for r in rows if r["impl"] == impl and r["shape"] == [b, t, h, w, c])["rel_l2_vs_3d"] = err
+    return rows
+
+
+def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int]) -> dict:
+    from flax import nnx
+
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+
+    out = {}
+    for unroll in unrolls:
+        if tiny:
+            cfg = WanDiTConfig.tiny(scan_unroll=unroll)
+            h, w = 4, 6
+        else:
+            cfg = WanDiTConfig.ti2v_5b(dtype="bfloat16", param_dtype="bfloat16", scan_unroll=unroll)
+            h, w = 30, 52
+        with nnx.use_eager_sharding(False):
+            graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
+            state = jax.jit(lambda: nnx.state(WanDiT(cfg, rngs=nnx.Rngs(0))))()
+        fwd = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef, s)(z, t, ctx))
+        key = jax.random.key(0)
+        z = jax.random.normal(key, (1, frames, h, w, cfg.in_channels), jnp.bfloat16)
+        t = jnp.full((1, frames), 700.0)
+        ctx = jax.random.normal(key, (1, cfg.text_len, cfg.text_dim), jnp.bfloat16)
+        t0 = time.perf_counter()
+        ref = fwd(state, z, t, ctx)
+        ref.block_until_ready()
+        compile_s = time.perf_counter() - t0
+        res = kernel_breakdown(lambda: fwd(state, z, t, ctx), iters)
+        res["compile_s"] = compile_s
+        if "outputs" in out:  # every variant computes the same function
+            res["max_abs_diff_vs_first"] = float(jnp.max(jnp.abs(ref - out["outputs"])))
+        else:
+            out["outputs"] = ref
+        name = f"dit {frames * h * w // 4} tokens, scan_unroll={unroll}"
+        _print(name, res)
+        out[name] = res
+        del state
+    out.pop("outputs")
+    return out
+
+
+def target_vae(tiny: bool, iters: int, which: str, impls: list[str]) -> dict:
+    import functools
+
+    from flax import nnx
+
+    from rynn_jax.models import vae as V
+
+    out = {}
+    h, w = (64, 96) if tiny else (480, 832)
+    for impl in impls:
+        cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
+            dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
+        graphdef, params = nnx.split(V.init_vae(cfg, 0))
+        key = jax.random.key(0)
+        if which == "decode":
+            step = jax.jit(functools.partial(V.decode_chunk, graphdef))
+            cache = V.init_decode_cache(cfg, 1, h, w)
+            x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
+        else:
+            step = jax.jit(functools.partial(V.encode_chunk, graphdef))
+            cache = V.init_encode_cache(cfg, 1, h, w)
+            x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
+        _, cache = step(params, cache, x)  # past the first-chunk branch
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(params, cache, x))
+        res = kernel_breakdown(lambda: step(params, cache, x), iters)
+        res["first_call_s"] = time.perf_counter() - t0
+        name = f"vae {which} chunk {h}x{w}, conv_impl={impl}"
+        _print(name, res)
+        out[name] = res
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--targets", nargs="+", default=["conv", "dit", "vae_decode", "vae_encode"],
+                   choices=["conv", "dit", "vae_decode", "vae_encode"])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke check)")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--frames", type=int, default=3, help="DiT latent frames (3 → 1170 tokens)")
+    p.add_argument("--unroll", type=int, nargs="+", default=[1, 30], help="DiT scan_unroll variants")
+    p.add_argument("--conv-impls", nargs="+", default=None, help="VAE conv_impl variants (default: all)")
+    p.add_argument("--out", default="bench/results/profile.json")
+    a = p.parse_args()
+
+    from rynn_jax.models import vae as V
+
+    impls = a.conv_impls or list(V.CONV_IMPLS)
+    result: dict = dict(backend=jax.default_backend(), jax=jax.__version__,
+                        device=str(jax.devices()[0].device_kind), argv=sys.argv[1:])
+    if "conv" in a.targets:
+        result["conv"] = target_conv(a.tiny, a.iters)
+    if "dit" in a.targets:
+        result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll)
+    for which in ("decode", "encode"):
+        if f"vae_{which}" in a.targets:
+            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
