@@ -65,6 +65,8 @@ def main() -> None:
                    help="leading chunks left out of the steady state (they compile the step, the "
                         "re-anchor and every skeleton-render length)")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="concurrent sessions (one executable each)")
+    p.add_argument("--no-unroll", action="store_true",
+                   help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
     p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
@@ -97,7 +99,7 @@ def main() -> None:
 
     results = []
     for b in a.batch:
-        session = StreamingSession(dit, vae, CausalConfig(), StepConfig())
+        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll)
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
         res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
@@ -114,6 +116,7 @@ def main() -> None:
         print(f"| {r['batch']} | {r['steady_fps']:.1f} | {r['steady_fps'] / r['batch']:.1f} | "
               f"{r['steady_ms_per_frame']:.2f} | {r['median_block_ms']:.1f} | {r['time_to_first_frame_s']:.1f} |")
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
+               unrolled_layers=not a.no_unroll,
                vae_conv_impl=vae_cfg.conv_impl, resolution=[a.height, a.width], argv=sys.argv[1:])
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:

@@ -207,7 +207,9 @@ def _classify(exc: BaseException) -> str:
 
 
 def _short(exc: BaseException, n: int = 400) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:n]
+    """Head and tail of the message: XLA wraps the real error (the last line) in a long traceback."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 2 * n else f"{text[:n // 2]} … {text[-3 * n // 2:]}"
 
 
 def plan_point(args: argparse.Namespace, spec: str, n_avail: int) -> tuple[dict, object | None]:

@@ -48,6 +48,7 @@ def get_config(phase: str = "warmup") -> DistillConfig:
         data=DataConfig(kind="latents", batch_size=2, sources={"robot": base_5b.ROBOT}, worker_count=4),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1, context=1),
         ckpt=CheckpointConfig(dir=RUNS[phase] + "/ckpt", every=250, keep=3, init_from=TEACHER),
+        # sample videos (skeleton | student | truth) also need a VAE: --set log.sample_vae=PATH
         log=LogConfig(dir=RUNS[phase] + "/logs", every=10, sample_every=500),
         student_from="" if warm else RUNS["warmup"] + "/ckpt",
         teacher_dtype="bfloat16",  # frozen: bf16 storage halves it (it computes in bf16 anyway)

@@ -49,7 +49,8 @@ def test_gradient_reaches_earlier_blocks_through_the_cache():
     """A loss on the *last* block only. Block 1 sees block 0 — the reference latent (frame 0) and
     block 0's sample — only through the cached K/V (the mask is causal and every denoising step
     before the exit step is gradient-free), so a non-zero gradient with respect to the reference
-    latent is gradient that crossed the cache. Parameter gradients are finite and non-zero too."""
+    latent is gradient that crossed the cache. Parameter gradients are finite and non-zero too. With
+    `cache_grad=False`, or `grad_blocks=1` (block 0 rolled out without gradient), it is exactly 0."""
     cfg = WanDiTConfig.tiny(control="add")
     model = init_dit(cfg, seed=1)
     rng = np.random.default_rng(0)
@@ -62,20 +63,26 @@ def test_gradient_reaches_earlier_blocks_through_the_cache():
     control = jnp.asarray(rng.standard_normal((b, t, *hw, 8)), jnp.float32)
     ccfg, scfg = CausalConfig(frames_per_block=2, window_frames=3), StepConfig()
 
-    def last_block_loss(p, ref):
-        # random exit step (the gradient-free loop is traced as well), remat per block
-        x0 = rollout_lib.rollout(graphdef, p, stats, ref, ctx, control, jax.random.PRNGKey(3), num_frames=t,
-                                 ccfg=ccfg, scfg=scfg, dcfg=DMDConfig(), grad=True)
-        return jnp.sum(jnp.square(x0[:, 2:]))
+    def grads(dcfg: DMDConfig):
+        def last_block_loss(p, ref):
+            # random exit step (the gradient-free loop is traced as well), remat per block
+            x0 = rollout_lib.rollout(graphdef, p, stats, ref, ctx, control, jax.random.PRNGKey(3), num_frames=t,
+                                     ccfg=ccfg, scfg=scfg, dcfg=dcfg, grad=True)
+            return jnp.sum(jnp.square(x0[:, 2:]))
 
-    grad_fn = jax.jit(jax.grad(last_block_loss, argnums=(0, 1)))
-    g_params, g_ref = grad_fn.lower(params, ref).compile(compiler_options=FAST)(params, ref)
+        grad_fn = jax.jit(jax.grad(last_block_loss, argnums=(0, 1)))
+        return grad_fn.lower(params, ref).compile(compiler_options=FAST)(params, ref)
+
+    g_params, g_ref = grads(DMDConfig())
     leaves = jax.tree.leaves(g_params)
     assert all(bool(jnp.isfinite(x).all()) for x in leaves) and bool(jnp.isfinite(g_ref).all())
     assert float(jnp.abs(g_ref).max()) > 1e-4, float(jnp.abs(g_ref).max())  # crossed the cache
     assert max(float(jnp.abs(x).max()) for x in leaves) > 0
     # the self-attention K/V projections get gradient (they build the cache the last block reads)
     assert float(jnp.abs(g_params["blocks"]["self_attn"]["k"]["kernel"][...]).max()) > 0
+    # with the cache cut, or block 0 outside the differentiated suffix, nothing crosses
+    for dcfg in (DMDConfig(cache_grad=False), DMDConfig(grad_blocks=1)):
+        assert float(jnp.abs(grads(dcfg)[1]).max()) == 0.0, dcfg
 
 
 # --------------------------------------------------------------------------------------------------

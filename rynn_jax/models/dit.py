@@ -156,6 +156,9 @@ class WanAttention(nnx.Module):
         mask, which cuDNN supports natively); `mask_bnls` is a general boolean mask."""
         cfg = self.cfg
         q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
+        # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
+        # which cuDNN attention's partitioner rejects (seen on 2 H200s with fsdp=2).
+        k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
         out_blnh = jax.nn.dot_product_attention(
             q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
             implementation=_attention_impl(cfg, q_blnh.dtype))
