@@ -22,6 +22,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str) -> None:
+    import jax
+
+    out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
+               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl,
+               resolution=[a.height, a.width], argv=sys.argv[1:])
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int) -> dict:
     """Stream `chunks` 81-frame chunks; time per block. The first `warm_chunks` chunks compile every
     executable (step, re-anchor, each render length) and are reported but not in the steady state."""
@@ -109,18 +120,13 @@ def main() -> None:
               f"aggregate, {res['steady_fps'] / b:.1f} per session (median block {res['median_block_ms']:.1f} ms)",
               flush=True)
         del session
+        _write(a.out, results, a, vae_cfg, dtype)  # after every batch size: a cut run keeps its rows
 
     print("\n| sessions | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['batch']} | {r['steady_fps']:.1f} | {r['steady_fps'] / r['batch']:.1f} | "
               f"{r['steady_ms_per_frame']:.2f} | {r['median_block_ms']:.1f} | {r['time_to_first_frame_s']:.1f} |")
-    out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
-               unrolled_layers=not a.no_unroll,
-               vae_conv_impl=vae_cfg.conv_impl, resolution=[a.height, a.width], argv=sys.argv[1:])
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
