@@ -1,16 +1,22 @@
 """Benchmark the teleop kinematics: single-step latency and batched throughput.
 
-    python bench/bench_ik.py [--batch 1024] [--steps 300] [--json bench_ik.json]
+    python bench/bench_ik.py [--batch 1024] [--steps 300] [--repeats 3] [--json bench_ik.json]
 
 Rows:
   step_realtime   one control step, both arms (early-exit DLS IK) + both hands (early-exit
-                  Gauss-Newton) + tracker chain + EMA, on a moving operator trajectory
-  step_fixed      the same with fixed iteration counts (the differentiable configuration)
-  arms_realtime   both-arm IK alone (early exit), same trajectory
+                  Gauss-Newton) + tracker chain + EMA, on a moving operator trajectory (100 Hz)
+  step_fixed      the same with fixed iteration counts (the differentiable / offline configuration)
+  arms_realtime   both-arm IK alone (early exit, with the elbow prior), same trajectory
   hands_realtime  both-hand retargeting alone (early exit)
   arms_batched    vmap of the fixed-iteration both-arm IK over `--batch` problems → solves/s
   hands_batched   vmap of both-hand retargeting over `--batch` problems → solves/s
-Latency = median wall time of a jitted call incl. dispatch (block_until_ready), after warm-up.
+Latency = wall time of one jitted call incl. dispatch and block_until_ready, after warm-up, over
+`--repeats` passes of the trajectory (median / p90 / p99). Each step's inputs arrive as host
+(numpy) arrays, as from a tracker driver; indexing a device array per step instead would add a
+dispatched slice per input (≈0.1 ms each on a loaded CPU) that is not part of the solve.
+CPU runs use synchronous dispatch (`jax_cpu_enable_async_dispatch=False`, the setting for a
+real-time loop that waits for every result; `--async-dispatch` keeps JAX's default, which hands
+each call to another thread and costs more, and much more in the tail, on a busy machine).
 """
 
 from __future__ import annotations
@@ -49,42 +55,54 @@ def _operator_trajectory(emb, robot, steps: int):
     return calib, se3.pos_quat_from_pose(trk), kp, state
 
 
-def _time_sequence(fn, state, xs) -> np.ndarray:
+def _time_sequence(fn, state, xs: tuple[np.ndarray, ...], repeats: int = 1) -> np.ndarray:
+    """Per-step wall times [s] of `state = fn(state, *x_t)` over the host arrays `xs` (one step
+    of warm-up first), `repeats` passes from the same initial state."""
+    jax.block_until_ready(fn(state, *[x[0] for x in xs]))
     times = []
-    for i in range(len(xs[0])):
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(fn(state, *[x[i] for x in xs]))
-        times.append(time.perf_counter() - t0)
+    for _ in range(repeats):
+        s = state
+        for i in range(len(xs[0])):
+            args = [x[i] for x in xs]
+            t0 = time.perf_counter()
+            s = jax.block_until_ready(fn(s, *args))
+            times.append(time.perf_counter() - t0)
     return np.asarray(times)
+
+
+def _latency_row(times_s: np.ndarray) -> dict:
+    ms = 1e3 * times_s
+    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the trajectory per latency row")
+    ap.add_argument("--async-dispatch", action="store_true", help="keep JAX's asynchronous CPU dispatch")
     ap.add_argument("--json", default="bench_ik.json")
     args = ap.parse_args()
+    if not args.async_dispatch:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     emb = mjcf_model.embodiment()
     robot = retarget.robot_arrays(emb)
     calib, trk, kp, state0 = _operator_trajectory(emb, robot, args.steps)
+    trk_np, kp_np = np.asarray(trk), np.asarray(kp)
     rows: dict[str, dict] = {}
 
     for name, cfg in [("step_realtime", retarget.realtime_config()), ("step_fixed", retarget.RetargetConfig())]:
         f = jax.jit(lambda s, a, b, cfg=cfg: retarget.step(robot, calib, s, a, b, cfg)[0])
-        _time_sequence(f, state0, (trk[:5], kp[:5]))                       # compile + warm-up
-        ts = _time_sequence(f, state0, (trk, kp))[5:]
-        rows[name] = {"median_ms": 1e3 * np.median(ts), "p90_ms": 1e3 * np.percentile(ts, 90)}
+        rows[name] = _latency_row(_time_sequence(f, state0, (trk_np, kp_np), args.repeats))
 
     rt = retarget.realtime_config()
-    t_target = jax.vmap(lambda x: tracker.arm_targets(calib, tracker.tracker_poses(x))[0])(trk)
-    arms = jax.jit(lambda q, t: ik.solve_arms(robot.arms, t, q, None, rt.ik).q_n)
-    _time_sequence(arms, state0.arm_q_s7, (t_target[:5],))
-    ts = _time_sequence(arms, state0.arm_q_s7, (t_target,))[5:]
-    rows["arms_realtime"] = {"median_ms": 1e3 * np.median(ts), "p90_ms": 1e3 * np.percentile(ts, 90)}
+    t_target, elbow = jax.vmap(lambda x: tracker.arm_targets(calib, tracker.tracker_poses(x)))(trk)
+    arms = jax.jit(lambda q, t, e: ik.solve_arms(robot.arms, t, q, e, rt.ik).q_n)
+    rows["arms_realtime"] = _latency_row(_time_sequence(arms, state0.arm_q_s7, (np.asarray(t_target), np.asarray(elbow)),
+                                                        args.repeats))
     hands = jax.jit(lambda q, k: jax.vmap(lambda f, h, qq: hand_retarget.retarget(f, h, qq, rt.hand).q_20)(robot.fingers, k, q))
-    _time_sequence(hands, state0.hand_q_s20, (kp[:5],))
-    ts = _time_sequence(hands, state0.hand_q_s20, (kp,))[5:]
-    rows["hands_realtime"] = {"median_ms": 1e3 * np.median(ts), "p90_ms": 1e3 * np.percentile(ts, 90)}
+    rows["hands_realtime"] = _latency_row(_time_sequence(hands, state0.hand_q_s20, (kp_np,), args.repeats))
 
     b = args.batch
     idx = np.arange(b) % args.steps
@@ -108,12 +126,14 @@ def main() -> None:
 
     device = jax.devices()[0]
     meta = {"backend": device.platform, "device": str(device.device_kind), "jax": jax.__version__,
-            "machine": platform.machine(), "cpus": jax.local_device_count()}
-    print(f"device: {meta['backend']} ({meta['device']}), jax {meta['jax']}")
-    print(f"{'row':16s} {'median ms':>10s} {'p90 ms':>8s} {'throughput':>18s}")
+            "machine": platform.machine(), "cpus": jax.local_device_count(),
+            "dispatch": "async" if args.async_dispatch else "sync"}
+    print(f"device: {meta['backend']} ({meta['device']}), jax {meta['jax']}, {meta['dispatch']} dispatch")
+    print(f"{'row':16s} {'median ms':>10s} {'p90 ms':>8s} {'p99 ms':>8s} {'throughput':>18s}")
     for k, v in rows.items():
         thr = next((f"{v[x]:,.0f} {x[:-6]}/s" for x in v if x.endswith("_per_s")), "")
-        print(f"{k:16s} {v.get('median_ms', v.get('ms_per_batch', 0)):10.3f} {v.get('p90_ms', float('nan')):8.3f} {thr:>18s}")
+        print(f"{k:16s} {v.get('median_ms', v.get('ms_per_batch', 0)):10.3f} {v.get('p90_ms', float('nan')):8.3f} "
+              f"{v.get('p99_ms', float('nan')):8.3f} {thr:>18s}")
     with open(args.json, "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=2)
 

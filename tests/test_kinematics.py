@@ -158,6 +158,10 @@ def test_damped_pinv_equals_spec_svd_form(x64):
         np.testing.assert_allclose(ik.damped_pinv(j, lam), ik.damped_pinv_svd(j, lam), atol=1e-12)
         j_sing = j.at[:, 3].set(j[:, 2])                  # rank-deficient
         np.testing.assert_allclose(ik.damped_pinv(j_sing, lam), ik.damped_pinv_svd(j_sing, lam), atol=1e-10)
+        # Tall (the elbow's 3×2 sub-Jacobian, solved through JᵀJ) and the 3×3 / 4×4 Gram paths.
+        for shape in [(3, 2), (3, 5), (4, 6)]:
+            jt = jnp.asarray(rng.normal(size=shape))
+            np.testing.assert_allclose(ik.damped_pinv(jt, lam), ik.damped_pinv_svd(jt, lam), atol=1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -343,3 +347,38 @@ def test_sigma_max_power_iteration_matches_svd(x64):
     for j in cases:
         want = np.linalg.svd(j, compute_uv=False)[0]
         np.testing.assert_allclose(float(ik.sigma_max(jnp.asarray(j))), want, rtol=1e-8, atol=1e-12)
+
+
+def test_right_home_mirrors_left(emb):
+    """q_right = MIRROR_SIGNS · q_left is the mirror image (y → −y) of the left arm, link by
+    link; the home pose is mirrored that way."""
+    arms = jax.tree.map(jnp.asarray, emb.arms)
+    q_left = jnp.asarray(np.random.default_rng(3).uniform(-1.0, 1.0, size=(20, 7)))
+    fl = jax.vmap(lambda q: fk.chain_fk(jax.tree.map(lambda a: a[0], arms), q))(q_left)
+    fr = jax.vmap(lambda q: fk.chain_fk(jax.tree.map(lambda a: a[1], arms), q))(q_left * mjcf_model.MIRROR_SIGNS)
+    flip = jnp.asarray([1.0, -1.0, 1.0])
+    np.testing.assert_allclose(fr.anchor_n3, fl.anchor_n3 * flip, atol=1e-5)
+    np.testing.assert_allclose(fr.tip_44[:, :3, 3], fl.tip_44[:, :3, 3] * flip, atol=1e-5)
+    home = emb.home_q
+    np.testing.assert_allclose(home[layout.RIGHT_ARM], mjcf_model.MIRROR_SIGNS * home[layout.LEFT_ARM])
+
+
+def test_reach_clamp_keeps_the_elbow_bent(emb):
+    """A target 0.25 m beyond the reach: with `min_elbow_bend` the arm stops with the elbow bent
+    by that much, pointing at the target (no straight-elbow singularity); reachable targets
+    are left alone."""
+    chain = _arm(emb)
+    cfg = ik.IKConfig(min_elbow_bend=0.3)
+    q = jnp.asarray([0.3, -0.5, -0.6, -1.2, 0.2, 0.3, 0.1])
+    t_in = fk.chain_tip(chain, q)
+    np.testing.assert_array_equal(ik.clamp_to_reach(chain, t_in, cfg), t_in)
+    shoulder = fk.chain_fk(chain, q).anchor_n3[0]
+    out = t_in.at[:3, 3].add(0.25 * (t_in[:3, 3] - shoulder) / jnp.linalg.norm(t_in[:3, 3] - shoulder))
+    res = jax.jit(lambda t: ik.solve(chain, t, q, None, cfg))(out)
+    assert np.all(np.isfinite(res.q_n)) and not res.converged
+    assert abs(float(res.q_n[3])) > 0.29                     # elbow still bent (limit −2.53…0)
+    pulled = ik.clamp_to_reach(chain, out, cfg)
+    # The solver reaches the pulled-in target; the error is reported against the operator's.
+    reached = fk.chain_tip(chain, res.q_n)
+    assert float(jnp.linalg.norm(reached[:3, 3] - pulled[:3, 3])) < 1e-3
+    np.testing.assert_allclose(res.pos_err, jnp.linalg.norm(out[:3, 3] - reached[:3, 3]), rtol=1e-3)

@@ -87,6 +87,13 @@ def test_tracker_chain_formula_and_calibration(emb, robot):
     moved = trk.at[2, :3, 3].add(0.1)
     cal2 = tracker.calibrate_ee(calib, moved, frames.tip_44)
     np.testing.assert_allclose(tracker.arm_targets(cal2, moved)[0], frames.tip_44, atol=1e-5)
+    # calibrate(): the same neutral mapping, but T_ee keeps no lever, so turning the wrist about
+    # its own origin turns the palm in place (calibrate_ee swings it by the 0.1 m offset).
+    cal3 = tracker.calibrate(calib, moved, frames.tip_44)
+    np.testing.assert_allclose(tracker.arm_targets(cal3, moved)[0], frames.tip_44, atol=1e-5)
+    turned = moved.at[2, :3, :3].set(moved[2, :3, :3] @ se3.exp_so3(jnp.asarray([0.0, 0.3, 0.0])))
+    shift = lambda c: float(jnp.linalg.norm(tracker.arm_targets(c, turned)[0][0, :3, 3] - frames.tip_44[0, :3, 3]))
+    assert shift(cal3) < 1e-5 and shift(cal2) > 0.02
     assert not bool(tracker.tracker_valid(jnp.asarray([0, 0, 0, 0, 0, 0, 0.0])))
     assert not bool(tracker.tracker_valid(jnp.asarray([jnp.nan, 0, 0, 1, 0, 0, 0.0])))
 
@@ -174,3 +181,25 @@ def test_cli_retargets_stream_to_54d_actions(emb, robot, tmp_path):
     assert np.all(np.isfinite(out["actions"]))
     # The synthetic operator moves the robot along reachable poses: the IK tracks them.
     assert np.median(out["ik_pos_err"]) < 1e-3
+
+
+def test_bundled_stream_retargets_without_jumps():
+    """The bundled sample stream (data/sample, as the demo retargets it at 16 fps) gives a
+    continuous 54-D trajectory. Bound: the operator's own motion on this stream changes finger
+    joints by ≤ 0.09 rad per frame (curl rate × flexion) and moves the wrists ≤ 1 cm per frame;
+    0.25 rad per frame (4 rad/s) leaves room for that, not for a flip of a redundant arm
+    posture, a finger joint-3/4 branch switch, or the glide from the open start hand."""
+    from rynn_jax.teleop import demo
+
+    out = cli.retarget_stream(streams.read(demo.SAMPLE_DIR / demo.STREAM_FILE), hz=16)
+    actions = out["actions"]
+    assert actions.shape == (81, 54)
+    jump = np.abs(np.diff(actions, axis=0)).max(axis=0)
+    arm = np.r_[layout.LEFT_ARM, layout.RIGHT_ARM]
+    assert jump[arm].max() < 0.25, layout.ACTION_NAMES[int(np.argmax(jump))]
+    assert jump.max() < 0.25, layout.ACTION_NAMES[int(np.argmax(jump))]
+    # The left hand's targets stay reachable: tracked to < 1 mm. The right hand over-reaches
+    # for ~2 s (s = 1.5 scales the operator's reach): elsewhere it is tracked to < 1 mm too.
+    assert out["ik_pos_err"][:, 0].max() < 1e-3
+    assert np.median(out["ik_pos_err"][:, 1]) < 1e-3
+    assert out["hand_tip_err"].mean() < 6e-3

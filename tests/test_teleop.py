@@ -89,3 +89,41 @@ def test_demo_end_to_end_small(tmp_path):
         demo.run(tmp_path / "bad", num_frames=6, sample_dir=sample)
     with pytest.raises(ValueError, match="too short"):
         demo.run(tmp_path / "bad", num_frames=81, sample_dir=sample)
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")       # ffmpeg subprocesses reading the videos
+def test_demo_sim_world_end_to_end(tmp_path, capsys):
+    """`python serve.py demo --world sim` (demo v0) at CI size: a 33-frame episode at 32×64,
+    13 generated frames (two causal blocks), all outputs written and consistent."""
+    import imageio.v3 as iio
+
+    from rynn_jax.kinematics import layout, mjcf_model
+
+    out = tmp_path / "demo_sim"
+    demo.main(["--world", "sim", "--out", str(out), "--task", "dual_pick", "--frames", "13",
+               "--resolution", "32x64", "--episode-frames", "33"])
+    assert str(out / "side_by_side.mp4") in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    n, h, w = 13, 32, 64
+    assert summary["world"] == "sim" and summary["task"] == "dual_pick"
+    assert summary["frames"] == n and summary["resolution"] == [h, w] and summary["actions_shape"] == [n, 54]
+    assert isinstance(summary["episode_success"], bool) and "world_model_build_compile" in summary["seconds"]
+    ep = np.load(out / "episode.npz")
+    for name in ("frames", "ground_truth", "skeleton"):
+        assert ep[name].shape == (n, h, w, 3) and ep[name].dtype == np.uint8, name
+    assert ep["actions"].shape == ep["states"].shape == (n, 54)
+    assert np.isfinite(ep["actions"]).all() and np.isfinite(ep["states"]).all()
+    emb = mjcf_model.embodiment()
+    assert np.all((ep["actions"] >= emb.tree.lower_q - 1e-6) & (ep["actions"] <= emb.tree.upper_q + 1e-6))
+    np.testing.assert_allclose(ep["t"], np.arange(n) / 16.0)
+    assert tuple(ep["action_names"]) == layout.ACTION_NAMES
+    assert ep["ground_truth"].reshape(n, -1).std(axis=1).min() > 5.0    # a rendered scene, every frame
+    assert (ep["skeleton"] > 0).any(axis=(1, 2, 3)).mean() > 0.5        # hands drawn in most frames
+    # The videos hold those frames: generated | ground truth | skeleton, side by side.
+    videos = {name: iio.imread(out / f"{name}.mp4") for name in ("generated", "ground_truth", "skeleton", "side_by_side")}
+    for name, v in videos.items():
+        assert v.shape == ((n, h, 3 * w, 3) if name == "side_by_side" else (n, h, w, 3)), name
+    middle = videos["side_by_side"][:, :, w:2 * w].astype(float)
+    assert np.abs(middle - ep["ground_truth"]).mean() < 0.5 * np.abs(middle - ep["frames"]).mean()
+    with pytest.raises(ValueError, match="multiples of 32"):
+        demo.run_sim(tmp_path / "bad", height=48, width=64)

@@ -5,8 +5,8 @@
 Output `.npz`: `t` [T], `actions` [T,54] (radians, layout.ACTION_NAMES order), `action_names`,
 `trackers_fresh` [T,5] / `hands_fresh` [T,2] (False = held or missing input),
 `ik_pos_err` / `ik_rot_err` [T,2] (metres / radians), `hand_tip_err` [T,2] (metres).
-By default the first step calibrates T_ee so the operator's first pose maps onto the robot's
-home pose (`--no-calibrate` keeps identity T_ee).
+By default the first step calibrates (`tracker.calibrate`: T_base translation, T_ee rotation) so the operator's first pose maps onto the robot's
+home pose (`--no-calibrate` keeps the default calibration).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale
                              "(pass --no-calibrate to use the default calibration)")
         home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
         poses = tracker.tracker_poses(jnp.asarray(rs["trackers"][first[0]], jnp.float32))
-        calib = tracker.calibrate_ee(calib, poses, home_ee)
+        calib = tracker.calibrate(calib, poses, home_ee)
     _, actions, info = retarget.trajectory_jit(robot, calib, state, jnp.asarray(rs["trackers"], jnp.float32),
                                                jnp.asarray(rs["hands"], jnp.float32))
     actions = np.asarray(actions)

@@ -74,21 +74,33 @@ class ChainFrames(NamedTuple):
 
 
 def chain_fk(chain: Chain, q_n: Array) -> ChainFrames:
-    """Serial-chain FK. Python loop over the (static, ≤ 7) joints; vmap for stacked chains."""
+    """Serial-chain FK. Python loop over the (static, ≤ 7) joints; vmap for stacked chains.
+
+    Link k's rotation is R_k = R_{k-1} F_k Rot(a_k, q_k) with F_k Rot(a, q) = cos q F + sin q F[a]×
+    + (1 − cos q) F a aᵀ (Rodrigues), so the chain-only products F[a]×, F a aᵀ, F a are formed
+    once (at trace time for a constant chain) and each joint costs two small matmuls: the
+    real-time IK is bound by the number of kernels, not by flops."""
     dt = q_n.dtype
+    with jax.ensure_compile_time_eval():
+        f_n33 = chain.rot_fixed_n33.astype(dt)
+        a_n3 = chain.axis_n3.astype(dt)
+        f_skew = f_n33 @ se3.skew(a_n3)
+        f_aat = f_n33 @ (a_n3[:, :, None] * a_n3[:, None, :])
+        lever_n32 = jnp.stack([chain.pos_fixed_n3.astype(dt), (f_n33 @ a_n3[:, :, None])[..., 0]], axis=-1)
+        tip_34 = jnp.concatenate([chain.rot_tip_33.astype(dt), chain.pos_tip_3.astype(dt)[:, None]], axis=-1)
+    c, s = jnp.cos(q_n)[:, None, None], jnp.sin(q_n)[:, None, None]
+    joint_n33 = c * f_n33 + s * f_skew + (1.0 - c) * f_aat                # F_k Rot(a_k, q_k)
     r = jnp.eye(3, dtype=dt)
     p = jnp.zeros(3, dtype=dt)
     anchors, axes = [], []
     for k in range(q_n.shape[-1]):
-        p = p + r @ chain.pos_fixed_n3[k].astype(dt)
-        r = r @ chain.rot_fixed_n33[k].astype(dt)
-        axis = chain.axis_n3[k].astype(dt)
+        pa = r @ lever_n32[k]                                               # [origin offset, axis]
+        p = p + pa[:, 0]
         anchors.append(p)
-        axes.append(r @ axis)
-        r = r @ se3.axis_angle_to_matrix(axis, q_n[k])
-    p_tip = p + r @ chain.pos_tip_3.astype(dt)
-    r_tip = r @ chain.rot_tip_33.astype(dt)
-    return ChainFrames(jnp.stack(anchors), jnp.stack(axes), se3.make_pose(r_tip, p_tip))
+        axes.append(pa[:, 1])
+        r = r @ joint_n33[k]
+    tip = r @ tip_34
+    return ChainFrames(jnp.stack(anchors), jnp.stack(axes), se3.make_pose(tip[:, :3], p + tip[:, 3]))
 
 
 def chain_tip(chain: Chain, q_n: Array) -> Array:

@@ -43,7 +43,10 @@ class HandRetargetConfig:
     pinch_weight: float = 4.0     # extra weight on a thumb→fingertip vector while pinching
     pinch_distance: float = 0.03  # operator thumb–finger distance where pinching starts [m]
     reg_weight: float = 1e-6      # pull toward the warm start [m²/rad²] (keep ≪ residual²)
-    damping: float = 1e-6         # Levenberg damping added to the normal equations
+    damping: float = 2e-3         # Levenberg damping [m²/rad²] added to the normal equations: no
+                                  # bias at convergence, but directions the keypoints barely
+                                  # constrain (finger joint 3 vs 4) keep the previous frame's value
+                                  # instead of flipping (16 fps sample: max jump 0.53 → 0.21 rad)
     early_exit: bool = False      # True: while_loop stopping at ‖Δq‖∞ < step_tol (latency)
     step_tol: float = 1e-4        # [rad]
     ema_alpha: float = 0.5        # EMA filter: q_f ← α q + (1 − α) q_f
@@ -63,11 +66,12 @@ def robot_keypoints(fingers: Chain, q_20: Array) -> tuple[Array, Array]:
     # Point k of a finger (link2, link3, link4, tip) moves with joints 0..k of that finger.
     lever = pts_f43[:, :, None, :] - frames.anchor_n3[:, None, :, :]             # [5,4(pt),4(j),3]
     jac = jnp.cross(frames.axis_n3[:, None, :, :], lever)
-    jac = jac * jnp.tril(jnp.ones((4, 4), q_20.dtype))[None, :, :, None]
+    # numpy masks become literals; jnp.tril/eye would be kernels run on every call.
+    jac = jac * jnp.asarray(np.tril(np.ones((4, 4))), q_20.dtype)[None, :, :, None]
     kp = jnp.concatenate([jnp.zeros((1, 3), q_20.dtype), pts_f43.reshape(20, 3)], axis=0)
-    # Block-diagonal over fingers: [5,4,4,3] → [20, 3, 20].
-    eye_f = jnp.eye(5, dtype=q_20.dtype)
-    jac_full = jnp.einsum("fpjc,fg->fpcgj", jac, eye_f).reshape(20, 3, 20)
+    # Block-diagonal over fingers: [5,4(pt),4(j),3] → [20, 3, 20] (a broadcast, not a matmul).
+    eye_f = jnp.asarray(np.eye(5), q_20.dtype)
+    jac_full = (jnp.swapaxes(jac, 2, 3)[:, :, :, None, :] * eye_f[:, None, None, :, None]).reshape(20, 3, 20)
     jac_full = jnp.concatenate([jnp.zeros((1, 3, 20), q_20.dtype), jac_full], axis=0)
     return kp, jac_full
 
@@ -110,7 +114,7 @@ def retarget(fingers: Chain, human_213: Array, q_init_20: Array,
         r = sw[..., 0] * (jnp.einsum("mk,kc->mc", d, kp) - target)          # [M,3]
         jr = sw * jnp.einsum("mk,kcj->mcj", d, jkp)                          # [M,3,20]
         jr, r = jr.reshape(-1, 20), r.reshape(-1)
-        h = jr.T @ jr + (cfg.reg_weight + cfg.damping) * jnp.eye(20, dtype=dt)
+        h = jr.T @ jr + (cfg.reg_weight + cfg.damping) * jnp.asarray(np.eye(20), dt)
         g = jr.T @ r + cfg.reg_weight * (q - q0)
         # Cholesky (h is SPD): unlike LU it needs no pivot-permutation loop, which cost more
         # than the factorisation on CPU. A failed factorisation (NaN) keeps q, never NaN joints.

@@ -13,13 +13,19 @@ upper-arm tracker's reference using only the 3×2 sub-Jacobian of q0, q1, and w 
 We evaluate J#_λ e as Jᵀ(JJᵀ + λ²I)⁻¹ e (or (JᵀJ + λ²I)⁻¹Jᵀ e for a tall J), the same matrix
 in closed form (V diag(σ/(σ²+λ²)) Uᵀ, tested to 1e-12): it needs only σ_max, taken from the
 same small Gram matrix (closed form for 2×2, else power iteration by repeated squaring; no SVD,
-which is slow batched on GPUs), so the solver stays differentiable at singular arms. The SPD
-system is solved by an unrolled Cholesky: on CPU, LAPACK calls plus LU's pivot loop cost more
-than the 6×6 arithmetic (the real-time step is latency-bound by the number of kernels).
+which is slow batched on GPUs), so the solver stays differentiable at singular arms. The 6×6
+SPD system is solved in closed form by 3×3 blocks: on CPU the real-time step is bound by the
+number of kernels it launches (LU with its pivot loop, or an unrolled Cholesky, cost more).
+
+λ is computed once per iteration from the arm's full Jacobian and also damps the re-solve
+with limit-bound joints pinned (`pin_saturated`). With `min_elbow_bend` > 0 (the teleop
+retargeter's setting) targets beyond the arm's reach are first pulled in (`clamp_to_reach`).
 
 Static shapes: a fixed `n_iters` loop (lax.fori_loop, reverse-differentiable) with a
-per-problem "done" mask that freezes a solution once it meets the tolerances. `vmap` over
-arms, time steps and sessions. Bad targets (non-finite, non-orthonormal) hold the warm start.
+per-problem "done" mask that freezes a solution once it meets the tolerances; one extra trip
+only evaluates, so the reported error is that of the returned q without a final FK. `vmap`
+over arms, time steps and sessions. Bad targets (non-finite, non-orthonormal) hold the warm
+start.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class IKConfig:
     tol_null: float = 1e-3        # ... and the null-space step is below this [rad]
     early_exit: bool = False      # True: while_loop that stops when done (latency; no reverse AD)
     ortho_tol: float = 1e-3       # targets with ‖RᵀR − I‖ above this are rejected (held)
+    min_elbow_bend: float = 0.0   # [rad] > 0: targets beyond the reach this elbow bend allows are
+                                  # pulled in (`clamp_to_reach`; the retargeter uses 0.3 ≈ 7 mm)
+    wrist_joint: int = 4          # spherical wrist centre = origin of this joint (M6 joint 5)
 
 
 class IKResult(NamedTuple):
@@ -62,24 +71,38 @@ class IKResult(NamedTuple):
     iters: Array         # iterations that actually updated q
 
 
-def _chol_solve(a_mm: Array, b_mk: Array, floor: Array) -> Array:
-    """X = A⁻¹ B for a small symmetric positive-definite A (static m ≤ 7), Cholesky unrolled
-    into elementwise ops that XLA fuses. Pivots are floored at `floor` (pass ≤ the smallest
-    eigenvalue of A, e.g. λ²/2): a no-op in exact arithmetic, but float32 round-off at a
-    singular arm can then never turn a pivot negative (NaN)."""
+def _inv3(m_33: Array, det_floor: Array) -> Array:
+    """Closed-form inverse of a 3×3 SPD matrix (adjugate / determinant), all elementwise.
+    The determinant is floored (`det_floor` ≤ its exact value) so round-off can never make
+    it zero or negative at a singular arm."""
+    c0, c1, c2 = m_33[:, 0], m_33[:, 1], m_33[:, 2]
+    adj = jnp.stack([jnp.cross(c1, c2), jnp.cross(c2, c0), jnp.cross(c0, c1)])   # rows of det·M⁻¹
+    return adj / jnp.maximum(jnp.dot(c0, adj[0]), det_floor)
+
+
+def _spd_solve(a_mm: Array, b_mk: Array, floor: Array) -> Array:
+    """X = A⁻¹ B for a small symmetric positive-definite A whose eigenvalues are ≥ `floor`.
+
+    m ≤ 3: closed-form inverse; m = 6 (the arm's J Jᵀ): 3×3 blocks and their Schur complement
+    (both SPD with eigenvalues ≥ floor); else LAPACK Cholesky. Why not jnp.linalg.solve: on CPU
+    it is an LU call plus a while loop turning pivots into a permutation, and an IK iteration is
+    bound by the number of kernels it launches, not by its flops."""
     m = a_mm.shape[-1]
-    low = [[None] * m for _ in range(m)]
-    for j in range(m):
-        low[j][j] = jnp.sqrt(jnp.maximum(a_mm[j, j] - sum(low[j][k] ** 2 for k in range(j)), floor))
-        for i in range(j + 1, m):
-            low[i][j] = (a_mm[i, j] - sum(low[i][k] * low[j][k] for k in range(j))) / low[j][j]
-    y = []
-    for i in range(m):                                                     # L y = B
-        y.append((b_mk[i] - sum(low[i][k] * y[k] for k in range(i))) / low[i][i])
-    x = [None] * m
-    for i in reversed(range(m)):                                           # Lᵀ X = y
-        x[i] = (y[i] - sum(low[k][i] * x[k] for k in range(i + 1, m))) / low[i][i]
-    return jnp.stack(x)
+    if m == 1:
+        return b_mk / jnp.maximum(a_mm, floor)
+    if m == 2:
+        a, b, d = a_mm[0, 0], a_mm[0, 1], a_mm[1, 1]
+        inv = jnp.stack([jnp.stack([d, -b]), jnp.stack([-b, a])]) / jnp.maximum(a * d - b * b, floor ** 2)
+        return inv @ b_mk
+    if m == 3:
+        return _inv3(a_mm, floor ** 3) @ b_mk
+    if m == 6:
+        p_inv = _inv3(a_mm[:3, :3], floor ** 3)
+        w = p_inv @ a_mm[:3, 3:]                                            # P⁻¹ Q
+        s_inv = _inv3(a_mm[3:, 3:] - a_mm[3:, :3] @ w, floor ** 3)           # Schur complement
+        x2 = s_inv @ (b_mk[3:] - w.T @ b_mk[:3])
+        return jnp.concatenate([p_inv @ b_mk[:3] - w @ x2, x2], axis=0)
+    return jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a_mm, lower=True), b_mk)
 
 
 def _gram(j_mn: Array) -> Array:
@@ -100,10 +123,9 @@ def _sigma_max_gram(g_mm: Array, squarings: int = 4) -> Array:
         a, b, d = g_mm[0, 0], g_mm[0, 1], g_mm[1, 1]
         disc = jnp.sqrt(jnp.maximum(0.25 * (a - d) ** 2 + b * b, tiny))   # floors keep grads finite
         return jnp.sqrt(jnp.maximum(0.5 * (a + d) + disc, tiny))
-    p = g_mm / jnp.maximum(jnp.trace(g_mm), tiny)
+    p = g_mm / jnp.maximum(jnp.trace(g_mm), tiny)       # eigenvalues in [0, 1]: powers cannot overflow
     for _ in range(squarings):
         p = p @ p
-        p = p / jnp.maximum(jnp.trace(p), tiny)                            # no overflow, any scale
     # A fixed start with distinct entries: never orthogonal to the top eigenvector in practice.
     v = p @ jnp.linspace(1.0, 2.0, m, dtype=g_mm.dtype)
     v = v * jax.lax.rsqrt(jnp.maximum(v @ v, tiny))
@@ -131,8 +153,8 @@ def damped_apply(j_mn: Array, rhs_mk: Array, lam: Array | None = None,
     lam2 = jnp.asarray(lam * lam, g.dtype)
     a = g + lam2 * jnp.eye(g.shape[0], dtype=g.dtype)
     if j_mn.shape[0] <= j_mn.shape[1]:
-        return j_mn.T @ _chol_solve(a, rhs_mk, 0.5 * lam2)
-    return _chol_solve(a, j_mn.T @ rhs_mk, 0.5 * lam2)
+        return j_mn.T @ _spd_solve(a, rhs_mk, 0.5 * lam2)
+    return _spd_solve(a, j_mn.T @ rhs_mk, 0.5 * lam2)
 
 
 def damped_pinv(j_mn: Array, lam: Array) -> Array:
@@ -152,10 +174,36 @@ def _target_ok(t_44: Array, cfg: IKConfig) -> Array:
     return finite & (se3.orthonormality_error(safe[:3, :3]) < cfg.ortho_tol)
 
 
-def _dls_update(jac: Array, e: Array, prior: Array, cfg: IKConfig) -> tuple[Array, Array]:
+def clamp_to_reach(chain: Chain, t_target_44: Array, cfg: IKConfig) -> Array:
+    """Pull a target whose wrist centre lies beyond the reach the arm has with its elbow still
+    bent by `min_elbow_bend` back onto that sphere about the shoulder (orientation kept).
+
+    Why: an operator reaching further than the robot (s = 1.5 scales the reach) otherwise drives
+    the arm into the straight-elbow singularity, where the SPEC's small λ lets the wrist roll
+    joints swing ±0.4 rad per iteration along directions the task barely sees. On the M6 the
+    shoulder (joints 1-3) and wrist (5-7) axes meet in points, so the shoulder → wrist-centre
+    distance depends on the elbow angle alone and the pulled-in target is reachable."""
+    dt = t_target_44.dtype
+    if cfg.min_elbow_bend <= 0:
+        return t_target_44
+    k = cfg.elbow_joint
+    # Geometry of the chain only: evaluated at trace time when the chain is a constant (no
+    # kernels in the real-time step), traced (and loop-hoisted by XLA) when it is an argument.
+    with jax.ensure_compile_time_eval():
+        bend = jnp.where(chain.lower_n[k] <= -cfg.min_elbow_bend, -cfg.min_elbow_bend, cfg.min_elbow_bend)
+        bent = fk.chain_fk(chain, jnp.zeros(chain.lower_n.shape, dt).at[k].set(bend.astype(dt)))
+        shoulder, wrist = bent.anchor_n3[0], bent.anchor_n3[cfg.wrist_joint]
+        r_max = jnp.linalg.norm(wrist - shoulder)
+        wrist_in_tip = bent.tip_44[:3, :3].T @ (wrist - bent.tip_44[:3, 3])    # constant: spherical wrist
+    v = t_target_44[:3, 3] + t_target_44[:3, :3] @ wrist_in_tip - shoulder
+    shrink = jnp.minimum(1.0, r_max / jnp.maximum(jnp.linalg.norm(v), 1e-9)) - 1.0
+    return t_target_44.at[:3, 3].add(shrink * v)
+
+
+def _dls_update(jac: Array, e: Array, prior: Array, lam: Array) -> tuple[Array, Array]:
     """Δq = J#_λ e + (I − J#_λ J) prior; also returns the null-space part. One factorisation
     serves both right-hand sides (e and J·prior)."""
-    x = damped_apply(jac, jnp.stack([e, jac @ prior], axis=-1), cfg=cfg)
+    x = damped_apply(jac, jnp.stack([e, jac @ prior], axis=-1), lam)
     dq_null = prior - x[:, 1]
     return x[:, 0] + dq_null, dq_null
 
@@ -172,13 +220,14 @@ def dls_step(chain: Chain, q_n: Array, t_target_44: Array, elbow_ref_3: Array,
     dq_shoulder = damped_apply(je, (elbow_ref_3 - elbow)[:, None], cfg=cfg)[:, 0]
     prior = jnp.zeros_like(q_n).at[:2].set(elbow_w * dq_shoulder)          # w (q_ref − q)
     lower, upper = chain.lower_n.astype(q_n.dtype), chain.upper_n.astype(q_n.dtype)
-    dq, dq_null = _dls_update(jac, e, prior, cfg)
+    lam = adaptive_lambda(jac, cfg)          # once per iteration, from the arm's full Jacobian
+    dq, dq_null = _dls_update(jac, e, prior, lam)
     if cfg.pin_saturated:
         # Joints whose step would cross a limit are pinned at it and drop out of J; the free
         # joints absorb the remaining task error (clipping alone stalls next to a limit).
         free = ((q_n + dq >= lower) & (q_n + dq <= upper)).astype(q_n.dtype)
         pinned = (1.0 - free) * (jnp.clip(q_n + dq, lower, upper) - q_n)
-        dq, dq_null = _dls_update(jac * free, e - jac @ pinned, prior * free, cfg)
+        dq, dq_null = _dls_update(jac * free, e - jac @ pinned, prior * free, lam)
         dq = dq + pinned
     # Cap the step (uniform scaling keeps its direction), then hard-clip to the limits.
     dq = dq * jnp.minimum(1.0, cfg.max_step / jnp.maximum(jnp.max(jnp.abs(dq)), 1e-12))
@@ -197,16 +246,17 @@ def solve(chain: Chain, t_target_44: Array, q_init_n: Array, elbow_ref_3: Array 
     # A rejected target is swapped for the identity before any arithmetic and the loop is
     # stopped at once, so NaN can reach neither the solution nor its gradient.
     t_safe = jnp.where(valid, t_target_44, jnp.eye(4, dtype=dt))
+    t_reach = clamp_to_reach(chain, t_safe, cfg)
     if elbow_ref_3 is None:
         elbow_ref_3 = jnp.full(3, jnp.nan, dt)
     has_elbow = jnp.all(jnp.isfinite(elbow_ref_3)) & (cfg.elbow_weight > 0)
     elbow_safe = jnp.where(has_elbow, elbow_ref_3, 0.0)
     elbow_w = jnp.where(has_elbow, cfg.elbow_weight, 0.0).astype(dt)
 
-    # Trip k evaluates the error at q_k and then updates q unless done (or k = n_iters). The
-    # error of the returned q is therefore the last one evaluated: no FK after the loop.
+    # Trip k evaluates the error at q_k and then updates q unless done (or k = n_iters), so the
+    # error of the returned q is the last one evaluated: no FK after the loop.
     def trip(q, k):
-        q_next, e, null = dls_step(chain, q, t_safe, elbow_safe, elbow_w, cfg)
+        q_next, e, null = dls_step(chain, q, t_reach, elbow_safe, elbow_w, cfg)
         done = ((jnp.linalg.norm(e[:3]) < cfg.tol_pos) & (jnp.linalg.norm(e[3:]) < cfg.tol_rot)
                 & (null < cfg.tol_null)) | ~valid
         stop = done | (k >= cfg.n_iters)
@@ -226,7 +276,8 @@ def solve(chain: Chain, t_target_44: Array, q_init_n: Array, elbow_ref_3: Array 
             return q, e, stop, c[3] + upd
 
         q, e, _, iters = jax.lax.fori_loop(0, cfg.n_iters + 1, body, init)
-    pos_err = jnp.where(valid, jnp.linalg.norm(e[:3]), 0.0)
+    # Errors are reported against the operator's target, not the pulled-in one.
+    pos_err = jnp.where(valid, jnp.linalg.norm(e[:3] + t_safe[:3, 3] - t_reach[:3, 3]), 0.0)
     rot_err = jnp.where(valid, jnp.linalg.norm(e[3:]), 0.0)
     q = jnp.where(valid, q, q0)
     return IKResult(q, pos_err, rot_err, (pos_err < cfg.tol_pos) & (rot_err < cfg.tol_rot) & valid,

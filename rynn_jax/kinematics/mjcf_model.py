@@ -160,11 +160,15 @@ class Embodiment:
     home_q: np.ndarray     # [54] a comfortable start pose (arms bent, hands open)
 
 
-# Arms bent forward at the elbow, hands in front of the chest, fingers open. Chosen by us.
-HOME_ARM_Q = {
-    "left": np.array([0.0, -0.4, -0.3, -1.6, 0.0, 0.0, 0.0]),
-    "right": np.array([0.0, 0.4, 0.3, -1.6, 0.0, 0.0, 0.0]),
-}
+# q_right = MIRROR_SIGNS · q_left puts the right arm in the mirror image (y → −y) of the left
+# one (every link frame; tested), from the two URDF chains' axis conventions.
+MIRROR_SIGNS = np.array([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+
+# Arms bent forward at the elbow, hands in front of the chest, fingers open. Chosen by us; the
+# right arm mirrors the left (an unmirrored right home pointed that palm sideways, and operator
+# motion calibrated onto it drove the right IK into its joint-1/3 limits).
+_HOME_LEFT = np.array([0.0, -0.4, -0.3, -1.6, 0.0, 0.0, 0.0])
+HOME_ARM_Q = {"left": _HOME_LEFT, "right": MIRROR_SIGNS * _HOME_LEFT}
 
 
 @functools.lru_cache(maxsize=4)

@@ -22,18 +22,28 @@ from rynn_jax.kinematics.mjcf_model import Chain, Embodiment
 Array = jnp.ndarray
 
 
+# Teleop targets come from a human whose scaled reach exceeds the robot's: keep the elbow bent by
+# ≥ 0.3 rad (gives up ≤ 7 mm of reach) instead of driving the arm into its straight-elbow singularity.
+TELEOP_ELBOW_BEND = 0.3
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RetargetConfig:
-    ik: ik.IKConfig = ik.IKConfig()
+    ik: ik.IKConfig = ik.IKConfig(min_elbow_bend=TELEOP_ELBOW_BEND)
     hand: hand_retarget.HandRetargetConfig = hand_retarget.HandRetargetConfig()
     use_elbow_prior: bool = True    # feed the upper-arm trackers to the IK null-space prior
 
 
 def realtime_config() -> RetargetConfig:
-    """Latency-oriented settings: both solvers stop as soon as they converge (while_loop).
-    Forward-mode AD only; use the default (fixed-iteration) config for gradients."""
-    return RetargetConfig(ik=ik.IKConfig(early_exit=True),
-                          hand=hand_retarget.HandRetargetConfig(early_exit=True))
+    """Latency-oriented settings for a tracker-rate loop (100–120 Hz, warm-started every step):
+    both solvers stop as soon as they converge (while_loop), and per step the arm IK takes at
+    most 10 iterations and stops chasing the elbow posture once its null-space step is below
+    1e-2 rad, the hand at most 3 Gauss-Newton iterations; what is left is finished over the
+    next steps (the input moves < 1 cm per step). Forward-mode AD only; use the default
+    (fixed-iteration) config for gradients and for offline (16 fps) retargeting."""
+    return RetargetConfig(ik=ik.IKConfig(early_exit=True, n_iters=10, tol_null=1e-2,
+                                         min_elbow_bend=TELEOP_ELBOW_BEND),
+                          hand=hand_retarget.HandRetargetConfig(early_exit=True, n_iters=3))
 
 
 class Robot(NamedTuple):
@@ -83,7 +93,11 @@ def step(robot: Robot, calib: tracker.Calibration, state: RetargetState, tracker
     res = ik.solve_arms(robot.arms, t_target, state.arm_q_s7, elbow, cfg.ik)
     hand = jax.vmap(lambda f, h, q: hand_retarget.retarget(f, h, q, cfg.hand))(
         robot.fingers, hands_s213, state.hand_q_s20)
-    filt = hand_retarget.ema(state.hand_filt_s20, hand.q_20, cfg.hand.ema_alpha)
+    # The filter starts from the first valid solve, not from the open home hand (which would
+    # make the first frames glide from open to the operator's grip).
+    first = ~jnp.all(jnp.isfinite(state.hands_s213), axis=(-1, -2)) & h_ok
+    filt = jnp.where(first[:, None], hand.q_20,
+                     hand_retarget.ema(state.hand_filt_s20, hand.q_20, cfg.hand.ema_alpha))
     new = RetargetState(res.q_n, hand.q_20, filt, trackers_n7, hands_s213)
     return new, layout.pack_action(res.q_n, filt), StepInfo(t_ok, h_ok, res, hand.tip_err)
 

@@ -81,6 +81,26 @@ def calibrate_ee(calib: Calibration, t_trackers_n44: Array, t_robot_ee_s44: Arra
     return calib._replace(t_ee_s44=t_ee)
 
 
+def calibrate(calib: Calibration, t_trackers_n44: Array, t_robot_ee_s44: Array) -> Calibration:
+    """Map the operator's current (neutral) pose exactly onto the robot's current end-effector
+    poses by fitting, per arm, T_base's translation and T_ee's rotation; T_base keeps its
+    rotation and T_ee its translation (the physical tracker → palm lever).
+
+    Why not `calibrate_ee`: it puts the whole operator/robot position offset (tens of cm, since
+    s·(chest → wrist) never lands on the robot's palm) into T_ee, a lever in the wrist frame,
+    so every wrist rotation also swings the palm by that lever; here a wrist rotation turns the
+    palm in place and only wrist translations move it."""
+    chest_inv = se3.inverse(t_trackers_n44[CHEST])
+    rel = se3.scale_translation(chest_inv @ t_trackers_n44[jnp.asarray(WRIST)], calib.scale)   # [2,4,4]
+    r_base = calib.t_base_s44[..., :3, :3]
+    r_wrist = r_base @ rel[..., :3, :3]                                   # wrist frame in robot axes
+    r_ee = jnp.swapaxes(r_wrist, -1, -2) @ t_robot_ee_s44[..., :3, :3]
+    p_ee = calib.t_ee_s44[..., :3, 3]
+    p_base = (t_robot_ee_s44[..., :3, 3] - (r_base @ rel[..., :3, 3:])[..., 0]
+              - (r_wrist @ p_ee[..., None])[..., 0])
+    return calib._replace(t_base_s44=se3.make_pose(r_base, p_base), t_ee_s44=se3.make_pose(r_ee, p_ee))
+
+
 def trackers_from_targets(calib: Calibration, t_target_s44: Array, elbow_s3: Array,
                           t_chest_44: Array | None = None) -> Array:
     """Inverse of `arm_targets` (synthetic operator streams for tests, benchmarks and demos):

@@ -95,7 +95,7 @@ def retarget_stream(stream: streams.Stream, t_out: np.ndarray) -> dict:
     state = retarget.initial_state(emb, dt)
     calib = tracker.default_calibration()
     home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
-    calib = tracker.calibrate_ee(calib, tracker.tracker_poses(jnp.asarray(rs["trackers"][0], dt)), home_ee)
+    calib = tracker.calibrate(calib, tracker.tracker_poses(jnp.asarray(rs["trackers"][0], dt)), home_ee)
     trk, hands = jnp.asarray(rs["trackers"], dt), jnp.asarray(rs["hands"], dt)
     _, actions, info = retarget.trajectory_jit(robot, calib, state, trk, hands)
     palms, elbows = _targets_program()(calib, trk)

@@ -68,7 +68,8 @@ def synthetic_stream(num_frames: int, seed: int = 0, fps: float = streams.VIDEO_
     """An operator stream whose hands move as `render.synthetic_hand_motion` (the bundled sample).
 
     The head camera sits 1.45 m up at the tracking-world origin, looking forward (+y) and pitched
-    down 40°, like the robot's head camera; the chest tracker is 0.3 m below and 0.1 m behind it.
+    down 40°, like the robot's head camera; the chest tracker is 0.3 m below and 0.1 m behind it,
+    its axes those the tracker chain expects of the operator (x forward = world +y, y left, z up).
     """
     joints_cam, elbows_cam = synthetic_hand_motion(num_frames, seed=seed, fps=int(fps))
     pitch = np.deg2rad(40.0)
@@ -97,7 +98,9 @@ def synthetic_stream(num_frames: int, seed: int = 0, fps: float = streams.VIDEO_
         poses[:, WRIST[side]] = wrist
         poses[:, UPPER_ARM[side], :3] = interp(e_world)
         poses[:, UPPER_ARM[side], 3:] = wrist[:, 3:]
-    poses[:, CHEST] = [0.0, -0.1, 1.15, 1.0, 0.0, 0.0, 0.0]
+    # Yaw +90°: with an identity chest the operator's forward (+y) became the robot's left and
+    # the right arm was sent across the body into its limits.
+    poses[:, CHEST] = [0.0, -0.1, 1.15, np.cos(np.pi / 4), 0.0, 0.0, np.sin(np.pi / 4)]
     return streams.Stream(
         tracker_t=t_trk, tracker_pose=poses, tracker_valid=np.ones((len(t_trk), 5), bool),
         hand_t=t_video, hand_keypoints=hand_kp.astype(np.float32),
