@@ -31,3 +31,16 @@ def test_retarget_cli_writes_actions_and_video(tmp_path):
     out = np.load(tmp_path / "a.npz")
     assert out["actions"].shape[1] == 54 and np.isfinite(out["actions"]).all()
     assert (tmp_path / "replay.mp4").stat().st_size > 1000
+
+
+def test_missing_offscreen_gl_gives_an_actionable_error(monkeypatch):
+    """A headless machine without OSMesa/EGL: the error says what to install, and keeps the cause."""
+    import mujoco
+
+    def no_gl(*args, **kwargs):
+        raise ImportError("Unable to load OpenGL library: libOSMesa.so.8")
+
+    monkeypatch.setattr(mujoco, "Renderer", no_gl)
+    with pytest.raises(RuntimeError, match="apt-get install libosmesa6") as info:
+        replay.render_replay(np.zeros((2, layout.ACTION_DIM)), 16, 16)
+    assert isinstance(info.value.__cause__, ImportError)

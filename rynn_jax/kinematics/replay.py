@@ -12,6 +12,21 @@ import numpy as np
 from rynn_jax.kinematics import layout, mjcf_model
 
 
+def offscreen_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
+    """`mujoco.Renderer`, with an actionable error when no offscreen OpenGL can be created (the
+    usual cause on a fresh headless machine: Mesa's OSMesa library is not installed)."""
+    import os
+
+    try:
+        return mujoco.Renderer(model, height, width)
+    except Exception as e:  # mujoco/PyOpenGL raise several types for a missing GL library
+        backend = os.environ.get("MUJOCO_GL", "(unset)")
+        raise RuntimeError(
+            f"MuJoCo could not create an offscreen OpenGL context (MUJOCO_GL={backend}): {e}. "
+            "On a headless CPU machine install Mesa's OSMesa (Debian/Ubuntu: apt-get install "
+            "libosmesa6) and use MUJOCO_GL=osmesa; on a GPU machine MUJOCO_GL=egl.") from e
+
+
 def joint_qpos_addresses(model: mujoco.MjModel) -> np.ndarray:
     """qpos index of each of the 54 action joints, in action order."""
     ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name) for name in layout.ACTION_NAMES]
@@ -46,7 +61,7 @@ def render_replay(actions_t54: np.ndarray, height: int = 240, width: int = 416,
     adr = joint_qpos_addresses(model)
     frames = np.empty((len(actions_t54), height, width, 3), np.uint8)
     view = front_camera(model, data) if camera is None else camera
-    renderer = mujoco.Renderer(model, height, width)
+    renderer = offscreen_renderer(model, height, width)
     try:
         for i, q in enumerate(actions_t54):
             data.qpos[adr] = q

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 
-from rynn_jax.kinematics import layout, retarget, streams, tracker, fk
+from rynn_jax.kinematics import fk, layout, replay, retarget, streams, tracker
 from rynn_jax.render import RenderConfig, render_video
 from rynn_jax.sim import operators, scenes
 
@@ -293,7 +293,7 @@ def render_frames(scene: scenes.Scene, qpos: np.ndarray, height: int, width: int
     rgb = np.zeros((T, height, width, 3), np.uint8)
     depth = np.zeros((T, height, width), np.float32)
     geom = np.full((T, height, width), -1, np.int32)
-    r = mujoco.Renderer(m, height, width)
+    r = replay.offscreen_renderer(m, height, width)
     try:
         for k in range(T):
             d.qpos[:] = qpos[k]
