@@ -124,12 +124,12 @@ def _make_eval(cfg: config_lib.DistillConfig, graphdef, teacher, state: DistillS
     eval_iter = input_lib.make_iterator(TrainConfig(model=cfg.model, data=cfg.data))
     batch = jax.tree.map(np.asarray, next(eval_iter))
     key = jax.random.PRNGKey(cfg.seed + 12345)
-    with sharding.axis_rules(mesh):
+    with sharding.axis_rules(mesh, cfg.mesh.rules):
         teacher_x0 = jax.jit(lambda *a: evaluate.teacher_samples(cfg, graphdef, *a))(teacher, state.stats, batch, key)
         distance = jax.jit(evaluate.make_distance_fn(cfg, graphdef))
 
     def run(st: DistillState) -> jax.Array:
-        with sharding.axis_rules(mesh):
+        with sharding.axis_rules(mesh, cfg.mesh.rules):
             return distance(st.ema if len(st.ema) else st.student, teacher_x0, st.stats, batch,
                             jax.random.fold_in(key, 1))
     return run

@@ -10,6 +10,8 @@ from rynn_jax.training.lora import LoraConfig
 EGODEX = "data/latents/egodex/egodex-*.array_record"
 VITRA = "data/latents/vitra/vitra-*.array_record"
 ROBOT = "data/latents/robot/robot-*.array_record"
+# Stage 1 mixes its two sources by clip count, EgoDex 0.91M : VITRA 1.23M (the paper gives no ratio).
+STAGE1_MIX = dict(sources={"egodex": EGODEX, "vitra": VITRA}, weights={"egodex": 0.91, "vitra": 1.23})
 
 
 def model(control: str = "add") -> WanDiTConfig:

@@ -8,6 +8,5 @@ from configs import base_5b
 
 def get_config():
     return base_5b.config(control="add", lora_rank=0, lr=2e-5, total_steps=20000,
-                          sources={"egodex": base_5b.EGODEX, "vitra": base_5b.VITRA},
-                          weights={"egodex": 0.91, "vitra": 1.23},
+                          **base_5b.STAGE1_MIX,
                           init_from="checkpoints/stage0_export", ckpt_dir="runs/stage1_sft")

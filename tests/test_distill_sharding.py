@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 
+from tests._trees import sorted_leaves
+
 MESHES = {"1dev": (1, 1, 1, 1), "d2f2t2": (2, 2, 2, 1)}  # (data, fsdp, tensor, context)
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,18 +92,12 @@ def test_distill_sharded_equals_unsharded():
             for k in m_ref:
                 np.testing.assert_allclose(m_got[k], m_ref[k], rtol=1e-5, atol=1e-8, err_msg=f"{phase}/{k}")
         for tree in ("student", "ema", "critic"):
-            a, b = _leaves(got[phase][tree]), _leaves(ref[phase][tree])
+            a, b = sorted_leaves(got[phase][tree]), sorted_leaves(ref[phase][tree])
             assert len(a) == len(b) and (len(a) > 0 or (tree, phase) == ("critic", "warmup"))
             for x, y in zip(a, b, strict=True):
                 np.testing.assert_allclose(x, y, atol=2e-6, rtol=0, err_msg=f"{phase}/{tree}")
     # the updates changed the student (else equality would be vacuous)
     assert ref["warmup"]["metrics"][1]["update_norm"] > 0 and ref["dmd"]["metrics"][1]["gen_update_norm"] > 0
-
-
-def _leaves(tree) -> list[np.ndarray]:
-    if isinstance(tree, dict):
-        return [x for k in sorted(tree) for x in _leaves(tree[k])]
-    return [np.asarray(tree)]
 
 
 if __name__ == "__main__":

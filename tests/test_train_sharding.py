@@ -18,6 +18,8 @@ import tempfile
 
 import numpy as np
 
+from tests._trees import sorted_leaves
+
 MESHES = {  # name: (data, fsdp, tensor, context); each compile costs ~10 s on 2 busy cores
     "1dev": (1, 1, 1, 1),
     "d2f2t2": (2, 2, 2, 1),
@@ -122,9 +124,9 @@ def test_sharded_equals_unsharded():
         ref = out[group]["1dev"]
         for name, got in out[group].items():
             np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-5, err_msg=f"{group}/{name}")
-            for a, b in zip(_leaves(got["params"]), _leaves(ref["params"]), strict=True):
+            for a, b in zip(sorted_leaves(got["params"]), sorted_leaves(ref["params"]), strict=True):
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0, err_msg=f"{group}/{name}")
-            for a, b in zip(_leaves(got["stats"]), _leaves(ref["stats"]), strict=True):
+            for a, b in zip(sorted_leaves(got["stats"]), sorted_leaves(ref["stats"]), strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-5, err_msg=f"{group}/{name} stats")
         assert ref["losses"][1] != ref["losses"][0]
 
@@ -132,12 +134,6 @@ def test_sharded_equals_unsharded():
     for name in ("f2t2c2", "1dev"):
         assert restore[name]["same"] and restore[name]["on_mesh"], restore
         np.testing.assert_allclose(restore[name]["loss"], restore["want_loss"], rtol=1e-5)
-
-
-def _leaves(tree) -> list[np.ndarray]:
-    if isinstance(tree, dict):
-        return [x for k in sorted(tree) for x in _leaves(tree[k])]
-    return [np.asarray(tree)]
 
 
 if __name__ == "__main__":

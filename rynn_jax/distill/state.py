@@ -88,7 +88,7 @@ def logical_specs(abstract: tuple[nnx.State, DistillState], tx_s, tx_c) -> tuple
 def state_shardings(cfg: DistillConfig, tx_s, tx_c, mesh: Mesh):
     """((abstract teacher, abstract state), (teacher shardings, state shardings)) — no allocation."""
     abstract = jax.eval_shape(_init_fn(cfg, tx_s, tx_c), jax.random.PRNGKey(cfg.seed))
-    return abstract, sharding.named_shardings(logical_specs(abstract, tx_s, tx_c), mesh)
+    return abstract, sharding.named_shardings(logical_specs(abstract, tx_s, tx_c), mesh, cfg.mesh.rules)
 
 
 def graphdef_of(model_cfg: WanDiTConfig) -> nnx.GraphDef:

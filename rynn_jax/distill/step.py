@@ -167,7 +167,7 @@ def jit_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Me
                        donate_argnums=(0,))
 
     def run(step: int, state: DistillState, teacher: nnx.State, batch: Batch):
-        with sharding.axis_rules(mesh):
+        with sharding.axis_rules(mesh, cfg.mesh.rules):
             if cfg.phase == "warmup":
                 return warm(state, batch)
             metrics = {}
