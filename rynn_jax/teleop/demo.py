@@ -191,13 +191,19 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
 
     # The simulator (MuJoCo, retargeting compiles) and the world model's compiles are independent:
     # overlap them (XLA compiles and MuJoCo release the GIL), which nearly halves a cold demo run.
+    bar = tqdm(total=3, desc="demo v0", unit="stage")
+    bar.set_postfix_str(f"simulate {task} (world model compiling alongside)")
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(world_model)
         ep = sim_episode.generate(task, seed, resolution=(height, width),
                                   num_frames=episode_frames or sim_episode.DEFAULT_FRAMES)
         timings["simulate_and_render"] = time.perf_counter() - t
+        bar.update()
+        bar.set_postfix_str("compile world model")
         session, ctx = pending.result()
+    bar.update()
+    bar.set_postfix_str("causal rollout")
     t = time.perf_counter()
     to_unit = lambda x: np.asarray(x, np.float32)[None] / 127.5 - 1.0  # noqa: E731
     session.start(to_unit(ep.rgb[0]), ctx, jax.random.key(seed))
@@ -209,6 +215,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         rgb = session.step(to_unit(ep.skeleton_rgb[used:used + n]))
         generated.append(np.asarray(rgb[0]))
         used += n
+    bar.update()
+    bar.close()
     video = np.clip((np.concatenate(generated) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
     timings["causal_rollout"] = time.perf_counter() - t
     n = len(video)
@@ -253,7 +261,11 @@ def main(argv: list[str] | None = None) -> None:
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae)
         print(json.dumps(summary, indent=1))
-        print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} (generated | ground truth | skeleton) and episode.npz")
+        print(f"outputs in {os.path.abspath(a.out)}:\n"
+              "  side_by_side.mp4  generated | ground truth | skeleton\n"
+              "  generated.mp4, ground_truth.mp4, skeleton.mp4\n"
+              f"  episode.npz       frames + {summary['actions_shape']} actions (54-D joint commands at 16 fps)\n"
+              "  summary.json")
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text)

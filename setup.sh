@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One-step setup on a fresh machine: the system library MuJoCo needs for headless rendering, then the
+# Python packages.
+#
+#   ./setup.sh          # runtime: requirements.txt (the demo, training, serving)
+#   ./setup.sh --test   # + test tools: requirements-test.txt (what CI runs)
+#
+# MuJoCo renders offscreen through OpenGL (the synthetic world, `serve.py demo --world sim`, replay
+# videos). pip cannot install a GL driver, so this installs Mesa's software one (Debian/Ubuntu
+# `libosmesa6`, used with MUJOCO_GL=osmesa) when no offscreen GL is present. Machines with an NVIDIA
+# driver can use EGL instead (MUJOCO_GL=egl) and skip this step. Set PYTHON to pick the interpreter.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+requirements=requirements.txt
+for arg in "$@"; do
+  case "$arg" in
+    --test) requirements=requirements-test.txt ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+have_osmesa() { ldconfig -p 2>/dev/null | grep -q 'libOSMesa\.so'; }
+
+if have_osmesa; then
+  echo "setup.sh: offscreen GL (libOSMesa) present"
+elif command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "setup.sh: libosmesa6 is missing and installing it needs root: run 'apt-get install -y libosmesa6' as root" >&2
+      exit 1
+    fi
+  fi
+  echo "setup.sh: installing libosmesa6 (MuJoCo's headless renderer) with apt-get"
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libosmesa6 >/dev/null
+else
+  echo "setup.sh: no apt-get here; install Mesa's OSMesa library with your package manager" \
+       "(e.g. 'dnf install mesa-libOSMesa', 'brew' has none: use MUJOCO_GL=egl or glfw) and re-run" >&2
+  exit 1
+fi
+
+"${PYTHON:-python3}" -m pip install -q -r "$requirements"
+echo "setup.sh: done (${requirements})"
