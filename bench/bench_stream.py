@@ -3,6 +3,7 @@
 
     python bench/bench_stream.py --batch 1 2 4 8 --out bench/results/stream_h200.json   # 5B, 480×832, bf16
     python bench/bench_stream.py --tiny --height 64 --width 64 --out /tmp/s.json      # CPU smoke
+    python bench/bench_stream.py --compile-cache /tmp/xla ...   # twice: cold, then warm time to first frame
 
 Per batch size B (B sessions in lock step in one executable): time to first frame (start + first
 block, compilation included), per-block latency, and aggregate output FPS (generated video frames of
@@ -79,6 +80,8 @@ def main() -> None:
     p.add_argument("--no-unroll", action="store_true",
                    help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
     p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
+    p.add_argument("--compile-cache", default="", metavar="DIR",
+                   help="persistent XLA compilation cache (rynn_jax.compile_cache); run twice to time a warm start")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.chunks <= a.warm_chunks:
@@ -93,6 +96,14 @@ def main() -> None:
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
     from rynn_jax.teleop.streaming import StepConfig, StreamingSession
+
+    cache_entries_at_start = None
+    if a.compile_cache:
+        from rynn_jax import compile_cache
+
+        cache_entries_at_start = compile_cache.entries(a.compile_cache)
+        compile_cache.enable(a.compile_cache)
+        print(f"compilation cache {a.compile_cache}: {cache_entries_at_start} entries at start", flush=True)
 
     dtype = "float32" if a.tiny else "bfloat16"
     vae_over = {} if a.vae_conv is None else {"conv_impl": a.vae_conv}
@@ -114,6 +125,7 @@ def main() -> None:
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
         res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
+        res["compile_cache_entries_at_start"] = cache_entries_at_start
         results.append(res)
         print(f"B={b}: time to first frame {res['time_to_first_frame_s']:.2f} s (includes compilation); "
               f"steady {res['steady_ms_per_frame']:.2f} ms per output frame = {res['steady_fps']:.1f} FPS "

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from rynn_jax import compile_cache
 from rynn_jax.kinematics import streams
 from rynn_jax.kinematics.layout import ACTION_NAMES
 from rynn_jax.kinematics.cli import retarget_stream
@@ -255,7 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resolution", default="96x160", help="--world sim: HxW, multiples of 32")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="persistent XLA compilation cache: later runs skip compiling (rynn_jax.compile_cache)")
     a = p.parse_args(argv)
+    if a.compile_cache:
+        compile_cache.enable(a.compile_cache)
     if a.world == "sim":
         height, width = (int(x) for x in a.resolution.lower().split("x"))
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
