@@ -186,7 +186,7 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int]) -> dict:
     return out
 
 
-def target_vae(tiny: bool, iters: int, which: str, impls: list[str]) -> dict:
+def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False) -> dict:
     import functools
 
     from flax import nnx
@@ -200,20 +200,23 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str]) -> dict:
             dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
         graphdef, params = nnx.split(V.init_vae(cfg, 0))
         key = jax.random.key(0)
+        # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
+        kw = {"first": False} if static_branch else {}
         if which == "decode":
-            step = jax.jit(functools.partial(V.decode_chunk, graphdef))
+            step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
             cache = V.init_decode_cache(cfg, 1, h, w)
             x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
         else:
-            step = jax.jit(functools.partial(V.encode_chunk, graphdef))
+            step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
             cache = V.init_encode_cache(cfg, 1, h, w)
             x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
-        _, cache = step(params, cache, x)  # past the first-chunk branch
+        _, cache = jax.jit(functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk,
+                                             graphdef))(params, cache, x)  # past the first-chunk branch
         t0 = time.perf_counter()
         jax.block_until_ready(step(params, cache, x))
         res = kernel_breakdown(lambda: step(params, cache, x), iters)
         res["first_call_s"] = time.perf_counter() - t0
-        name = f"vae {which} chunk {h}x{w}, conv_impl={impl}"
+        name = f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static branch" if static_branch else "")
         _print(name, res)
         out[name] = res
     return out
@@ -228,6 +231,8 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=3, help="DiT latent frames (3 → 1170 tokens)")
     p.add_argument("--unroll", type=int, nargs="+", default=[1, 30], help="DiT scan_unroll variants")
     p.add_argument("--conv-impls", nargs="+", default=None, help="VAE conv_impl variants (default: all)")
+    p.add_argument("--static-branch", action="store_true",
+                   help="VAE: also time the later-chunk branch alone (first=False), next to the lax.cond")
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
 
@@ -243,6 +248,8 @@ def main() -> None:
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
+            if a.static_branch:
+                result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)

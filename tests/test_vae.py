@@ -78,8 +78,8 @@ def from_bthwc(x) -> np.ndarray:
 # the run time. Normalization is checked against diffusers' raw mean with the same statistics.
 encode = jax.jit(V.encode)
 decode = jax.jit(V.decode)
-encode_chunk = jax.jit(V.encode_chunk)
-decode_chunk = jax.jit(V.decode_chunk)
+encode_chunk = jax.jit(V.encode_chunk, static_argnames=("normalize", "first"))
+decode_chunk = jax.jit(V.decode_chunk, static_argnames=("normalize", "first"))
 MEAN = np.asarray(CFG.latents_mean, np.float32)
 STD = np.asarray(CFG.latents_std, np.float32)
 
@@ -169,6 +169,30 @@ def test_streaming_decode_equals_whole_clip(ours, latents):
     err = rel_l2(jnp.concatenate(outs, axis=1)[:, 3:], whole)
     print(f"streaming decode rel L2 {err:.2e}")
     assert err <= 1e-5
+
+
+@pytest.mark.parametrize("impl", ["3d", "sum2d", "fold2d"])
+def test_streaming_every_conv_impl_and_static_branch(ours, state_dict, video, latents, impl):
+    """Streaming (causal caches as `past` of each conv) agrees with the whole clip for every conv
+    formulation, with the first/later branch picked on the device (cond) or statically."""
+    cfg = dataclasses.replace(CFG, conv_impl=impl)
+    params = convert_state_dict(state_dict, W.vae_rules(cfg, "diffusers"), W.abstract_params(cfg))
+    graphdef, params = nnx.split(V.vae_from_params(cfg, params))
+    whole = decode(*ours, latents)
+    x = to_bthwc(video)
+    enc = V.init_encode_cache(cfg, B, H, WD)
+    dec = V.init_decode_cache(cfg, B, H, WD)
+    chunks = [jnp.repeat(x[:, :1], 4, axis=1)] + [x[:, 1 + 4 * i: 5 + 4 * i] for i in range(3)]
+    zs, ys = [], []
+    for i, chunk in enumerate(chunks):
+        z, enc = encode_chunk(graphdef, params, enc, chunk, first=i == 0)
+        zs.append(z)
+    for i in range(latents.shape[1]):
+        y, dec = decode_chunk(graphdef, params, dec, latents[:, i:i + 1], first=(i == 0) if i % 2 else None)
+        ys.append(y)
+    assert int(enc["step"]) == 4 and int(dec["step"]) == latents.shape[1]
+    assert rel_l2(jnp.concatenate(zs, axis=1), latents) <= 1e-5
+    assert rel_l2(jnp.concatenate(ys, axis=1)[:, 3:], whole) <= 1e-5
 
 
 # --------------------------------------------------------------------------------------------------

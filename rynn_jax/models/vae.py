@@ -131,10 +131,29 @@ def _param(rngs: nnx.Rngs, init: Callable, shape: tuple[int, ...], cfg: WanVAECo
                                                         jnp.dtype(cfg.param_dtype)))
 
 
+def _time_views(past: jax.Array | None, x: jax.Array, kt: int) -> list[jax.Array]:
+    """The kt time-shifted windows of past ⧺ x that a 'valid' kt-tap conv reads (window i = frames
+    i … i+t−1, t = P+T−kt+1), cut from past and x directly: past ⧺ x itself is never materialised
+    (it would be one more full copy of the activations per conv; the windows fuse into one copy)."""
+    p = 0 if past is None else past.shape[1]
+    t = p + x.shape[1] - kt + 1
+    views = []
+    for i in range(kt):
+        parts = []
+        if i < p:
+            parts.append(past[:, i:min(i + t, p)])
+        if i + t > p:
+            parts.append(x[:, max(i - p, 0):i + t - p])
+        views.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1))
+    return views
+
+
 def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAEConfig,
           stride: tuple[int, int, int] = (1, 1, 1),
-          pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))) -> jax.Array:
-    """3D conv, time unpadded ('valid'), space padded by `pad_hw`.
+          pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
+          past: jax.Array | None = None) -> jax.Array:
+    """3D conv over past ⧺ x (`past`: earlier frames, e.g. a causal cache), time unpadded ('valid'),
+    space padded by `pad_hw`.
 
     The 2-D formulations exist because GPU conv libraries are tuned for 2-D NHWC convs: frames go
     into the batch axis, and the time taps either into input channels (fold2d) or a sum (sum2d)."""
@@ -142,11 +161,15 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     kernel = kernel_thwio.astype(x.dtype)
     kt, kh, kw, c_in, c_out = kernel.shape
     if cfg.conv_impl == "3d" or stride[0] != 1:
+        if past is not None:
+            x = jnp.concatenate([past.astype(x.dtype), x], axis=1)
         y = jax.lax.conv_general_dilated(
             x, kernel, window_strides=stride, padding=((0, 0), *pad_hw),
             dimension_numbers=_CONV_DIMS, precision=precision)
         return y + bias.astype(x.dtype)
-    b, t = x.shape[0], x.shape[1] - kt + 1
+    past = None if past is None else past.astype(x.dtype)
+    views = _time_views(past, x, kt)
+    b, t = x.shape[0], views[0].shape[1]
 
     def conv2d(x_bthwc: jax.Array, kernel_hwio: jax.Array, out_dtype: Any = None) -> jax.Array:
         y = jax.lax.conv_general_dilated(
@@ -156,12 +179,11 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
         return y.reshape(b, t, *y.shape[1:])
 
     if kt == 1:
-        y = conv2d(x, kernel[0])
+        y = conv2d(views[0], kernel[0])
     elif cfg.conv_impl == "fold2d":  # channel index (tap, c): tap-major, as the kernel reshape
-        x_taps = jnp.concatenate([x[:, i:i + t] for i in range(kt)], axis=-1)
-        y = conv2d(x_taps, kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
+        y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
     else:
-        y = sum(conv2d(x[:, i:i + t], kernel[i], jnp.float32) for i in range(kt)).astype(x.dtype)
+        y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
     return y + bias.astype(x.dtype)
 
 
@@ -179,14 +201,14 @@ class CausalConv3d(nnx.Module):
     def __call__(self, x: jax.Array, cache: jax.Array | None = None) -> tuple[jax.Array, Any]:
         """x (B,T,H,W,C); cache (B,k_t-1,H,W,C) = the previous input frames, None = zeros."""
         new_cache = None
-        if self.history:
-            if cache is None:
-                cache = jnp.zeros((x.shape[0], self.history, *x.shape[2:]), x.dtype)
-            x = jnp.concatenate([cache.astype(x.dtype), x], axis=1)
-            new_cache = x[:, -self.history:]
+        h, t = self.history, x.shape[1]
+        if h:
+            cache = (jnp.zeros((x.shape[0], h, *x.shape[2:]), x.dtype) if cache is None
+                     else cache.astype(x.dtype))
+            new_cache = x[:, -h:] if t >= h else jnp.concatenate([cache[:, t:], x], axis=1)
         kh, kw = self.kernel.shape[1:3]
         y = _conv(x, self.kernel[...], self.bias[...], self.cfg,
-                  pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)))
+                  pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)), past=cache if h else None)
         return y, new_cache
 
 
@@ -608,12 +630,14 @@ def init_encode_cache(cfg: WanVAEConfig, batch: int, height: int, width: int,
 
 
 def encode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, frames_bthwc: jax.Array,
-                 *, normalize: bool = True) -> tuple[jax.Array, Cache]:
+                 *, normalize: bool = True, first: bool | None = None) -> tuple[jax.Array, Cache]:
     """One streaming step: (B, 4, H, W, 3) frames → (B, 1, H/16, W/16, z) latents, new cache.
 
     The first call (cache step 0) encodes video frame 0 alone and reads only frames[:, -1]
     (pass e.g. frame 0 repeated 4 times); later calls encode the next 4 frames. Concatenating the
-    outputs equals `encode` of the clip.
+    outputs equals `encode` of the clip. `first=None` picks the branch on the device from the
+    cache's step counter (lax.cond); a caller that knows it statically passes True/False and
+    compiles only that branch.
     """
     model = nnx.merge(graphdef, params)
     stride = model.cfg.temporal_stride
@@ -628,7 +652,10 @@ def encode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, frames
             return z, jax.tree.map(lambda n, o: n.astype(o.dtype), new, layers)
         return branch
 
-    z, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])
+    if first is None:
+        z, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])
+    else:
+        z, layers = run(first)(cache["layers"])
     return z, {"step": cache["step"] + 1, "layers": layers}
 
 
@@ -642,12 +669,12 @@ def init_decode_cache(cfg: WanVAEConfig, batch: int, height: int, width: int,
 
 
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, latent_b1hwc: jax.Array,
-                 *, normalize: bool = True) -> tuple[jax.Array, Cache]:
+                 *, normalize: bool = True, first: bool | None = None) -> tuple[jax.Array, Cache]:
     """One streaming step: (B, 1, h, w, z) latent → (B, 4, 16h, 16w, 3) frames, new cache.
 
     The first call (cache step 0) decodes video frame 0 only: it is returned at index 3 and
     indices 0..2 are zeros, so concatenating all outputs and dropping the first 3 frames equals
-    `decode` of the clip.
+    `decode` of the clip. `first`: as in `encode_chunk`.
     """
     model = nnx.merge(graphdef, params)
     stride = model.cfg.temporal_stride
@@ -662,5 +689,8 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, latent
             return y, jax.tree.map(lambda n, o: n.astype(o.dtype), new, layers)
         return branch
 
-    y, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])
+    if first is None:
+        y, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])
+    else:
+        y, layers = run(first)(cache["layers"])
     return y, {"step": cache["step"] + 1, "layers": layers}
