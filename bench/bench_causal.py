@@ -20,6 +20,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import Checks  # noqa: E402
 
 
 def main() -> None:
@@ -75,7 +77,7 @@ def main() -> None:
           f"dim {cfg.dim}, {tokens} tokens/frame, {fpb} frames/block, batch {b}, {a.steps} steps ({a.solver}), "
           f"dtype {cfg.dtype}", flush=True)
 
-    rows, results = [], {}
+    rows, results, checks = [], {}, Checks()
     for policy in ("full", "rolling"):
         ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window, policy=policy)
         start = jax.jit(streaming.make_start(graphdef, ccfg))
@@ -86,10 +88,13 @@ def main() -> None:
         results[f"compile_s/{policy}"] = time.perf_counter() - t0
         anchor = jax.jit(streaming.anchor_state, donate_argnums=0)
 
+        last = {}
+
         def run_block(state, step=step):
             t0 = time.perf_counter()
             x, state = step(params, state, control, rng)
             x.block_until_ready()
+            last["x"] = x
             return (time.perf_counter() - t0) * 1e3, state
 
         if policy == "full":
@@ -113,6 +118,7 @@ def main() -> None:
                 ts.append(ms)
             rows.append(dict(policy=policy, block="steady", cached_frames=ccfg.cache_frames,
                              median_ms=statistics.median(ts), min_ms=min(ts)))
+        checks.finite(f"{policy} cache: last block's latents", last["x"])
         del state
 
     # One model pass of a block against a full cache (what each of the steps + 1 costs).
@@ -140,13 +146,14 @@ def main() -> None:
               f"{r['min_ms']:8.2f} {r['ms_per_video_frame']:15.2f} {r['fps']:6.1f}")
     print(f"one model pass (block of {fpb} vs full cache): {results['one_pass_full_cache_ms']:.2f} ms; "
           f"compile {results['compile_s/full']:.1f} s")
-    out = dict(rows=rows, **results, argv=sys.argv[1:], backend=jax.default_backend(),
+    out = dict(rows=rows, **results, checks=checks.rows, argv=sys.argv[1:], backend=jax.default_backend(),
                device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
                frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype)
     print("JSON " + json.dumps(out))
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
+    checks.exit_if_failed()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import Checks  # noqa: E402
 
 
 def _time(fn, warmup: int, iters: int) -> list[float]:
@@ -33,15 +35,37 @@ def _time(fn, warmup: int, iters: int) -> list[float]:
     return times
 
 
+def check_slice(checks, attention: str, unroll: int) -> None:
+    """The timed configuration (bf16, `attention`, `unroll`) against the float32 XLA-attention path
+    (the one tests/test_dit.py holds to diffusers) on a slice: 2 layers at full width, 1 latent frame."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rynn_jax.models.dit import WanDiTConfig, init_dit
+
+    outs = []
+    for dtype, att, u in (("float32", "xla", 1), ("bfloat16", attention, min(unroll, 2))):
+        cfg = WanDiTConfig.ti2v_5b(dtype=dtype, param_dtype="float32", attention=att, num_layers=2, scan_unroll=u)
+        model = init_dit(cfg, 1)  # same seed and param dtype: identical weights in both runs
+        key = jax.random.key(1)
+        z = jax.random.normal(key, (1, 1, 30, 52, 48), jnp.float32)
+        ctx = jax.random.normal(key, (1, 512, 4096), jnp.float32)
+        graphdef, state = nnx.split(model)
+        run = jax.jit(lambda s, z, c: nnx.merge(graphdef, s)(z, jnp.full((1, 1), 700.0), c))
+        outs.append(jax.device_get(run(state, z, ctx)))
+    checks.close(f"2-layer slice, bf16 {attention} unroll {unroll} vs float32 xla", outs[1], outs[0], 3e-2)
+
+
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
-              attentions: list[str]) -> list[dict]:
+              attentions: list[str], checks=None) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
 
-    rows = []
+    rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
     variants = [(att, u) for att in attentions if gpu or att == "xla" for u in unrolls]
     for attention, unroll in variants:
@@ -69,10 +93,16 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             t = jnp.concatenate([jnp.zeros((1, 1)), jnp.full((1, f - 1), 700.0)], axis=1)
             ctx = jax.random.normal(key, (1, 512, 4096), jnp.bfloat16)
             t0 = time.perf_counter()
-            fwd(state, z, t, ctx).block_until_ready()
+            out = fwd(state, z, t, ctx).block_until_ready()
             compile_s = time.perf_counter() - t0
             times = _time(lambda: fwd(state, z, t, ctx).block_until_ready(), 3, iters)
             name = f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''})"
+            if checks is not None:  # same seed, same params: every variant must agree with the first
+                checks.finite(f"{name}, {f} frames", out)
+                if f in first_out:
+                    checks.close(f"{name} vs {first_out[f][0]}, {f} frames", out, first_out[f][1], 2e-2)
+                else:
+                    first_out[f] = (name, jax.device_get(out))
             rows.append(dict(impl=name, frames=f, tokens=f * 390,
                              median_ms=statistics.median(times), min_ms=min(times), compile_s=compile_s))
             print(rows[-1], flush=True)
@@ -136,13 +166,19 @@ def main() -> None:
             rows += json.loads(lines[-1][4:])
         else:
             print("torch reference skipped:", res.stderr.strip().splitlines()[-1:] or "no output")
-    rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention)
+    checks = Checks()
+    rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks)
+    import jax
+
+    for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:
+        check_slice(checks, attention, max(a.unroll))
     print(f"\n{'impl':28s} {'frames':>6s} {'tokens':>6s} {'median ms':>10s} {'min ms':>8s}")
     for r in rows:
         print(f"{r['impl']:28s} {r['frames']:6d} {r['tokens']:6d} {r['median_ms']:10.2f} {r['min_ms']:8.2f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump(dict(rows=rows, argv=sys.argv[1:]), f, indent=1)
+        json.dump(dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]), f, indent=1)
+    checks.exit_if_failed()
 
 
 if __name__ == "__main__":

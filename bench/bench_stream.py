@@ -21,14 +21,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import Checks  # noqa: E402
 
 
-def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str) -> None:
+def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks) -> None:
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl,
-               resolution=[a.height, a.width], argv=sys.argv[1:])
+               resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
@@ -62,7 +64,7 @@ def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_c
     steady = [r for r in rows if r["chunk"] >= warm_chunks]
     frames = b * sum(r["frames_out"] for r in steady)
     ms_per_frame = sum(r["ms"] for r in steady) / max(1, frames)
-    return dict(batch=b, time_to_first_frame_s=first_frame_s, steady_ms_per_frame=ms_per_frame,
+    return rgb, dict(batch=b, time_to_first_frame_s=first_frame_s, steady_ms_per_frame=ms_per_frame,
                 steady_fps=1e3 / ms_per_frame, median_block_ms=statistics.median(r["ms"] for r in steady),
                 rows=rows)
 
@@ -119,12 +121,13 @@ def main() -> None:
     joints, elbows = synthetic_hand_motion(1 + 80 * a.chunks, seed=0)
     render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
 
-    results = []
+    results, checks = [], Checks()
     for b in a.batch:
         session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll)
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
-        res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
+        last_rgb, res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
+        checks.finite(f"B={b}: last block's frames", last_rgb)
         res["compile_cache_entries_at_start"] = cache_entries_at_start
         results.append(res)
         print(f"B={b}: time to first frame {res['time_to_first_frame_s']:.2f} s (includes compilation); "
@@ -132,13 +135,14 @@ def main() -> None:
               f"aggregate, {res['steady_fps'] / b:.1f} per session (median block {res['median_block_ms']:.1f} ms)",
               flush=True)
         del session
-        _write(a.out, results, a, vae_cfg, dtype)  # after every batch size: a cut run keeps its rows
+        _write(a.out, results, a, vae_cfg, dtype, checks)  # after every batch size: a cut run keeps its rows
 
     print("\n| sessions | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['batch']} | {r['steady_fps']:.1f} | {r['steady_fps'] / r['batch']:.1f} | "
               f"{r['steady_ms_per_frame']:.2f} | {r['median_block_ms']:.1f} | {r['time_to_first_frame_s']:.1f} |")
+    checks.exit_if_failed()
 
 
 if __name__ == "__main__":

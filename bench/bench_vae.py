@@ -19,6 +19,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _checks import Checks  # noqa: E402
 
 
 def _time(fn, warmup: int, iters: int) -> list[float]:
@@ -32,8 +34,40 @@ def _time(fn, warmup: int, iters: int) -> list[float]:
     return out
 
 
+def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int, width: int) -> None:
+    """The timed streaming programs against the whole-clip ones on a slice (2 latent frames ↔ 5
+    video frames): same weights, same dtype; outputs finite. bf16 tolerance: the two programs
+    accumulate in different orders (a wrong program is off by O(1))."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from rynn_jax.models import vae as V
+
+    tol = 1e-4 if cfg.dtype == "float32" else 5e-2
+    dec = jax.jit(functools.partial(V.decode_chunk, graphdef))
+    cache, ys = V.init_decode_cache(cfg, 1, height, width), []
+    for i in range(2):
+        y, cache = dec(params, cache, z[:, i:i + 1])
+        ys.append(y)
+    streamed = jnp.concatenate(ys, axis=1)[:, 3:]
+    whole = jax.jit(functools.partial(V.decode, graphdef))(params, z[:, :2])
+    checks.finite("stream decode", streamed)
+    checks.close("stream decode vs whole-clip decode (2 latents)", streamed, whole, tol)
+
+    enc = jax.jit(functools.partial(V.encode_chunk, graphdef))
+    ecache = V.init_encode_cache(cfg, 1, height, width)
+    z0, ecache = enc(params, ecache, jnp.repeat(video[:, :1], 4, axis=1))
+    z1, _ = enc(params, ecache, video[:, 1:5])
+    streamed_z = jnp.concatenate([z0, z1], axis=1)
+    whole_z = jax.jit(functools.partial(V.encode, graphdef))(params, video[:, :5])
+    checks.finite("stream encode", streamed_z)
+    checks.close("stream encode vs whole-clip encode (5 frames)", streamed_z, whole_z, tol)
+
+
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
-              tiny: bool = False) -> list[dict]:
+              tiny: bool = False, checks: Checks | None = None) -> list[dict]:
     import functools
 
     import jax
@@ -64,6 +98,8 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         state["i"] += 1
 
     t = _time(one_decode, 2, iters)
+    if checks is not None:
+        check_streaming(checks, graphdef, params, cfg, z, video, height, width)
     rows.append(dict(impl="jax", op="stream decode (1 latent → 4 frames)", median_ms=statistics.median(t),
                      per_frame_ms=statistics.median(t) / 4))
 
@@ -144,13 +180,15 @@ def main() -> None:
             rows += json.loads(lines[-1][4:])
         else:
             print("torch reference skipped:", (res.stderr.strip().splitlines() or ["no output"])[-1])
-    rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny)
+    checks = Checks()
+    rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny, checks)
     print(f"\n{'impl':10s} {'op':40s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:10s} {r['op']:40s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump(dict(rows=rows, argv=sys.argv[1:]), f, indent=1)
+        json.dump(dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]), f, indent=1)
+    checks.exit_if_failed()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""Output checks shared by the benchmarks: a timed program must also compute the right thing.
+
+Each bench records its checks in its JSON (`checks`) and exits non-zero after writing it when one
+fails, so a fast but wrong variant cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def finite(self, name: str, x) -> bool:
+        ok = bool(np.isfinite(np.asarray(x, np.float32)).all())
+        self.rows.append(dict(check=f"{name}: finite", ok=ok))
+        if not ok:
+            print(f"CHECK FAILED: {name} has non-finite values", flush=True)
+        return ok
+
+    def close(self, name: str, got, want, tol: float) -> float:
+        """Relative L2 error of `got` against `want` must be ≤ tol."""
+        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        err = float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
+        ok = bool(np.isfinite(err) and err <= tol)
+        self.rows.append(dict(check=f"{name}: rel L2 ≤ {tol:g}", value=err, ok=ok))
+        print(f"check {name}: rel L2 {err:.2e} (≤ {tol:g}) {'ok' if ok else 'FAILED'}", flush=True)
+        return err
+
+    @property
+    def ok(self) -> bool:
+        return all(r["ok"] for r in self.rows)
+
+    def exit_if_failed(self) -> None:
+        if not self.ok:
+            bad = [r["check"] for r in self.rows if not r["ok"]]
+            raise SystemExit(f"benchmark checks failed: {bad}")

@@ -1,0 +1,38 @@
+"""The benchmarks' output checks (bench/_checks.py) fail on wrong outputs, and a bench records them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _checks import Checks  # noqa: E402
+
+
+def test_checks_catch_wrong_outputs():
+    c = Checks()
+    want = np.linspace(-1, 1, 100)
+    assert c.close("same", want + 1e-6, want, 1e-4) < 1e-4 and c.ok
+    c.close("off by 10%", want * 1.1, want, 1e-2)
+    assert not c.ok
+    c2 = Checks()
+    assert c2.finite("clean", want) and c2.ok
+    assert not c2.finite("nan", np.array([1.0, np.nan])) and not c2.ok
+    with pytest.raises(SystemExit, match="nan"):
+        c2.exit_if_failed()
+
+
+def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
+    out = tmp_path / "vae.json"
+    cmd = [sys.executable, "bench/bench_vae.py", "--tiny", "--height", "64", "--width", "64", "--latent-frames", "3",
+           "--iters", "1", "--torch", "off", "--dtype", "float32", "--no-whole", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    checks = {r["check"]: r for r in json.loads(out.read_text())["checks"]}
+    assert all(r["ok"] for r in checks.values()) and len(checks) == 4, checks
+    errs = [r["value"] for name, r in checks.items() if "vs whole-clip" in name]
+    assert len(errs) == 2 and max(errs) < 1e-4, errs
