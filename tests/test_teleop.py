@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -102,7 +103,8 @@ def test_demo_sim_world_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo_sim"
     demo.main(["--world", "sim", "--out", str(out), "--task", "dual_pick", "--frames", "13",
                "--resolution", "32x64", "--episode-frames", "33"])
-    assert str(out / "side_by_side.mp4") in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"outputs in {os.path.abspath(out)}:" in printed and "side_by_side.mp4" in printed
     summary = json.loads((out / "summary.json").read_text())
     n, h, w = 13, 32, 64
     assert summary["world"] == "sim" and summary["task"] == "dual_pick"
