@@ -6,6 +6,12 @@ Runs the JAX model for each latent-frame count (480×832 video → 30×52 latent
 text context 512) with cuDNN and XLA attention, the layer scan rolled (training) and unrolled (serving); then, if torch+diffusers are importable and
 `--torch` is not 'off', diffusers' `WanTransformer3DModel` in a subprocess (eager and, with
 `--torch compile`, torch.compile). Prints a table of medians and writes JSON.
+
+`--fp8` also times, for each JAX configuration, the same weights quantized for the FP8 serving path
+(`rynn_jax.models.fp8.quantize_dit`: block linears as float8_e4m3fn GEMMs), checks its output
+against the bf16 one, counts the GEMM kinds in its compiled HLO (`hlo_gemms` in the row: on an
+H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`) and writes that HLO next to
+the JSON (`<out>.fp8.<attention>.u<unroll>.hlo.txt`) for a look at any weight transposes.
 """
 
 from __future__ import annotations
@@ -57,13 +63,22 @@ def check_slice(checks, attention: str, unroll: int) -> None:
     checks.close(f"2-layer slice, bf16 {attention} unroll {unroll} vs float32 xla", outs[1], outs[0], 3e-2)
 
 
+def _hlo_gemms(hlo_text: str) -> dict:
+    """GEMM kinds in a compiled GPU HLO module (all zero on CPU, which has no such custom calls)."""
+    return dict(cublas_fp8=hlo_text.count('custom_call_target="__cublas$lt$matmul$f8"'),
+                cublas_lt=hlo_text.count('custom_call_target="__cublas$lt$matmul"'),
+                cublas=hlo_text.count('custom_call_target="__cublas$gemm"'),
+                triton=hlo_text.count('"kind":"__triton_gemm"'))
+
+
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
-              attentions: list[str], checks=None) -> list[dict]:
+              attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
+    from rynn_jax.models.fp8 import quantize_dit
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
@@ -87,6 +102,10 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
         def fwd(state, z, t, ctx):
             return nnx.merge(graphdef, state)(z, t, ctx)
 
+        if fp8:  # the same weights, block linears quantized to FP8 (serving path)
+            graphdef_q, state_q = nnx.split(quantize_dit(nnx.merge(graphdef, state)))
+            fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
+
         for f in frames:
             key = jax.random.key(f)
             z = jax.random.normal(key, (1, f, 30, 52, 48), jnp.bfloat16)
@@ -106,7 +125,27 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             rows.append(dict(impl=name, frames=f, tokens=f * 390,
                              median_ms=statistics.median(times), min_ms=min(times), compile_s=compile_s))
             print(rows[-1], flush=True)
+            if fp8:
+                name_q = f"{name[:-1]}, fp8)"
+                t0 = time.perf_counter()
+                compiled = fwd_q.lower(state_q, z, t, ctx).compile()
+                out_q = compiled(state_q, z, t, ctx).block_until_ready()
+                compile_s = time.perf_counter() - t0
+                times = _time(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
+                hlo = compiled.as_text() or ""
+                if hlo_prefix and f == frames[0]:
+                    os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
+                    with open(f"{hlo_prefix}.fp8.{attention}.u{cfg.scan_unroll}.hlo.txt", "w") as fh:
+                        fh.write(hlo)
+                if checks is not None:
+                    checks.finite(f"{name_q}, {f} frames", out_q)
+                    checks.close(f"{name_q} vs bf16, {f} frames", out_q, out, 1e-1)
+                rows.append(dict(impl=name_q, frames=f, tokens=f * 390, median_ms=statistics.median(times),
+                                 min_ms=min(times), compile_s=compile_s, hlo_gemms=_hlo_gemms(hlo)))
+                print(rows[-1], flush=True)
         del state
+        if fp8:
+            del state_q
     return rows
 
 
@@ -149,6 +188,8 @@ def main() -> None:
                    help="WanDiTConfig.scan_unroll variants (30 = the serving path, dit.unrolled)")
     p.add_argument("--attention", nargs="+", default=["cudnn", "xla"], choices=["cudnn", "xla"])
     p.add_argument("--torch", choices=["off", "eager", "compile"], default="eager")
+    p.add_argument("--fp8", action="store_true",
+                   help="also time each JAX configuration with FP8 block linears (fp8.quantize_dit)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
     a = p.parse_args()
@@ -167,7 +208,8 @@ def main() -> None:
         else:
             print("torch reference skipped:", res.stderr.strip().splitlines()[-1:] or "no output")
     checks = Checks()
-    rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks)
+    rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks,
+                      fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0])
     import jax
 
     for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:

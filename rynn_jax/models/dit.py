@@ -60,6 +60,8 @@ class WanDiTConfig:
     control_stats_momentum: float = 0.01  # EMA momentum of the running control-latent statistics
     control_prior_mean: float = 0.0  # μ_z when no ground-truth latent is given (inference)
     control_prior_std: float = 0.8  # σ_z likewise
+    # Serving: block linears as FP8 e4m3 GEMMs, per-channel weight/per-token activation scales (fp8.quantize_dit).
+    fp8: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -123,10 +125,10 @@ class WanAttention(nnx.Module):
     def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.dim
-        self.q = linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.k = linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.v = linear(cfg, d, d, ("embed", "heads"), rngs)
-        self.o = linear(cfg, d, d, ("heads", "embed"), rngs)
+        self.q = linear(cfg, d, d, ("embed", "heads"), rngs, fp8=cfg.fp8)
+        self.k = linear(cfg, d, d, ("embed", "heads"), rngs, fp8=cfg.fp8)
+        self.v = linear(cfg, d, d, ("embed", "heads"), rngs, fp8=cfg.fp8)
+        self.o = linear(cfg, d, d, ("heads", "embed"), rngs, fp8=cfg.fp8)
         self.norm_q = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
         self.norm_k = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
 
@@ -182,8 +184,8 @@ class WanBlock(nnx.Module):
         # The cross-attention LayerNorm is the only affine one in the block.
         self.norm_cross_scale = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("embed",))
         self.norm_cross_bias = param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
-        self.ffn_up = linear(cfg, d, cfg.ffn_dim, ("embed", "mlp"), rngs)
-        self.ffn_down = linear(cfg, cfg.ffn_dim, d, ("mlp", "embed"), rngs)
+        self.ffn_up = linear(cfg, d, cfg.ffn_dim, ("embed", "mlp"), rngs, fp8=cfg.fp8)
+        self.ffn_down = linear(cfg, cfg.ffn_dim, d, ("mlp", "embed"), rngs, fp8=cfg.fp8)
         # Learned offsets added to the time projection: shift/scale/gate for attention, then FFN.
         self.modulation = param(rngs, nnx.initializers.normal(d ** -0.5), (6, d), cfg.param_dtype,
                                  ("modulation", "embed"))

@@ -1,0 +1,138 @@
+"""FP8 (e4m3) serving path for the DiT's transformer-block linear layers.
+
+Opt in with `WanDiTConfig(fp8=True)`; build such a model from a trained (bf16/f32) one with
+`quantize_dit`. Weights are stored as float8_e4m3fn with one float32 scale per output channel;
+activations are quantized on the fly with one scale per token. The matmul itself runs on the two
+FP8 operands (`fp8_matmul`), the form XLA's GPU GEMM rewriter can hand to cuBLASLt's FP8 GEMM on
+Hopper. Only the serving forward is meant to use this: nothing here is differentiable in a useful way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+if TYPE_CHECKING:
+    from rynn_jax.models.dit import WanDiT
+
+FP8 = jnp.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def _scale(amax: jax.Array) -> jax.Array:
+    """amax / 448, with all-zero rows/channels given scale 1 (their FP8 values are 0 anyway).
+
+    Written as a multiply by float32(1/448), which is what XLA turns a division by the constant
+    into anyway; spelled out, the scale is the same float32 number on every backend and in numpy."""
+    amax = amax.astype(jnp.float32)
+    return jnp.where(amax > 0, amax * jnp.float32(1.0 / FP8_MAX), jnp.float32(1.0))
+
+
+def _to_fp8(x: jax.Array, scale: jax.Array) -> jax.Array:
+    # x/scale is within ±448 up to rounding; the clip makes that exact (e4m3fn has no inf, and an
+    # out-of-range convert would give NaN).
+    return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
+
+
+def quantize_weight(w_io: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-output-channel symmetric quantization of a (..., in, out) kernel to float8_e4m3fn.
+
+    Returns (w_f8 (..., in, out), scale (..., out) float32) with w ≈ w_f8 · scale[..., None, :].
+    Leading axes (the stacked 'layers' axis) are handled independently."""
+    scale_o = _scale(jnp.max(jnp.abs(w_io.astype(jnp.float32)), axis=-2))
+    return _to_fp8(w_io, scale_o[..., None, :]), scale_o
+
+
+def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_dtype) -> jax.Array:
+    """x @ wᵀ for an FP8 kernel stored (out, in), w ≈ w_f8 · w_scale, with x quantized per token
+    (row) on the fly. The (out, in) layout puts the contracted axis minor-most in both operands,
+    the only FP8 layout cuBLASLt takes on Hopper ("TN"); an (in, out) kernel would make XLA
+    transpose every weight on every call.
+
+    The GEMM is a plain `dot_general` of the two float8_e4m3fn operands accumulating into
+    `out_dtype` (bf16 or f32): XLA's GPU GEMM rewriter maps that onto a cuBLASLt FP8 GEMM. cuBLASLt
+    (on Hopper) only takes per-tensor scalar scales, not per-row/per-column vectors, so the scales
+    are applied afterwards as one elementwise multiply by their outer product (row scale × column
+    scale), which XLA fuses into the GEMM's consumer. That is exact algebra:
+        (x_f8 · s_x[:, None]) @ (w_f8 · s_w[None, :]) = (x_f8 @ w_f8) · (s_x[:, None] · s_w[None, :]).
+    """
+    out_dtype = jnp.dtype(out_dtype)
+    x_scale = _scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
+    x_f8 = _to_fp8(x_bli, x_scale)
+    y = jax.lax.dot_general(x_f8, w_f8_oi, (((x_f8.ndim - 1,), (1,)), ((), ())),
+                            preferred_element_type=out_dtype)
+    return (y.astype(jnp.float32) * (x_scale * w_scale_o.astype(jnp.float32))).astype(out_dtype)
+
+
+class Fp8Linear(nnx.Module):
+    """Drop-in for `layers.linear`'s nnx.Linear with an FP8 kernel: `kernel` (out, in) float8_e4m3fn,
+    `kernel_scale` (out,) float32 per output channel, `bias` (out,) in param_dtype; output in dtype.
+
+    Initialised by quantizing a Xavier-uniform kernel drawn with the same key nnx.Linear would use,
+    so a fresh fp8 model is the quantization of the fresh float model with the same seed."""
+
+    def __init__(self, d_in: int, d_out: int, names: tuple[str | None, str | None], *,
+                 dtype, param_dtype, rngs: nnx.Rngs):
+        self.dtype = jnp.dtype(dtype)
+        kernel = nnx.initializers.xavier_uniform()(rngs.params(), (d_in, d_out), jnp.dtype(param_dtype))
+        kernel_f8, scale = quantize_weight(kernel)
+        bias = nnx.initializers.zeros_init()(rngs.params(), (d_out,), jnp.dtype(param_dtype))
+        named = lambda value, axes: nnx.with_partitioning(lambda *_: value, axes)(None)
+        self.kernel = nnx.Param(named(kernel_f8.T, (names[1], names[0])))  # (out, in): see fp8_matmul
+        self.kernel_scale = nnx.Param(named(scale, (names[1],)))
+        self.bias = nnx.Param(named(bias, (names[1],)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = fp8_matmul(x, self.kernel[...], self.kernel_scale[...], self.dtype)
+        return y + self.bias[...].astype(self.dtype)
+
+
+def quantize_dit(model: WanDiT) -> WanDiT:
+    """The FP8 serving model for a float model: same config with fp8=True, every Fp8Linear's kernel
+    and kernel_scale from quantizing the source kernel (all stacked layers at once), every other
+    variable the source's array unchanged (shared, so bit-exact)."""
+    from rynn_jax.convert import flatten_params, unflatten_params
+    from rynn_jax.models import build
+    from rynn_jax.models.dit import WanDiT
+
+    if model.cfg.fp8:
+        raise ValueError("quantize_dit: the model is already fp8 (cfg.fp8=True)")
+    cfg = dataclasses.replace(model.cfg, fp8=True)
+    graphdef, target = nnx.split(build.abstract_model(WanDiT, cfg))  # eager sharding off inside
+    want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
+    src = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
+    dotted = lambda path: ".".join(map(str, path))
+    quantize = jax.jit(quantize_weight)
+
+    values, used = {}, set()
+    for path in want:
+        if path in values:
+            continue
+        if path[-1] in ("kernel", "kernel_scale") and path[:-1] + ("kernel_scale",) in want:  # Fp8Linear
+            kernel_path = path[:-1] + ("kernel",)
+            if kernel_path not in src:
+                raise ValueError(f"quantize_dit: the fp8 model's parameter {dotted(path)!r} has no source "
+                                 f"in the model (it is quantized from {dotted(kernel_path)!r})")
+            w8_io, values[path[:-1] + ("kernel_scale",)] = quantize(src[kernel_path])
+            values[kernel_path] = jnp.swapaxes(w8_io, -1, -2)  # stored (…, out, in), see fp8_matmul
+            used.add(kernel_path)
+        elif path in src:
+            values[path] = src[path]
+            used.add(path)
+        else:
+            raise ValueError(f"quantize_dit: the fp8 model's parameter {dotted(path)!r} has no source "
+                             "in the model")
+    for path, spec in want.items():
+        got = values[path]
+        if got.shape != spec.shape or got.dtype != spec.dtype:
+            raise ValueError(f"quantize_dit: {dotted(path)!r} comes out {got.dtype}{list(got.shape)}, "
+                             f"the fp8 model wants {spec.dtype}{list(spec.shape)}")
+    unused = sorted(dotted(p) for p in set(src) - used)
+    if unused:  # e.g. unmerged LoRA factors, which quantizing would silently drop
+        raise ValueError(f"quantize_dit: source variables with no place in the fp8 model: {unused}")
+    nnx.replace_by_pure_dict(target, unflatten_params(values))
+    return nnx.merge(graphdef, target)

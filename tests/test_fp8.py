@@ -1,0 +1,206 @@
+"""FP8 serving path (models/fp8.py): weight/activation quantization, the scaled FP8 matmul, and a
+tiny DiT quantized with `quantize_dit` against its float original."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+
+from rynn_jax.convert import flatten_params
+from rynn_jax.models import dit
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
+from rynn_jax.models.fp8 import fp8_matmul, quantize_dit, quantize_weight
+
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def rel_l2(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+def _weights(rng, shape):
+    """Channels with very different magnitudes, an all-zero channel and a lone outlier."""
+    w = rng.standard_normal(shape) * np.exp(rng.uniform(-4, 2, shape[-1]))
+    w[..., 3] = 0.0
+    w[..., 0, 5] = 50.0
+    return w.astype(np.float32)
+
+
+def test_quantize_weight_rounding_bound_and_scales():
+    w = _weights(np.random.default_rng(0), (3, 64, 40))  # stacked like the 'layers' axis
+    w8, scale = quantize_weight(jnp.asarray(w))
+    assert w8.dtype == jnp.float8_e4m3fn and w8.shape == w.shape
+    assert scale.dtype == jnp.float32 and scale.shape == (3, 40)
+    w8, scale = np.asarray(w8), np.asarray(scale)
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+
+    amax = np.abs(w).max(axis=-2)  # (3, 40)
+    deq = w8.astype(np.float32) * scale[:, None, :]
+    err = np.abs(deq.astype(np.float64) - w)
+    # e4m3 keeps 3 mantissa bits: rounding moves a value by at most 2**-4 of itself (normals) or
+    # 2**-10 of the scale (subnormals), so by at most 2**-4 of the channel's amax.
+    assert (err.max(axis=-2) <= 2.0 ** -4 * amax + 1e-30).all(), (err.max(axis=-2) / np.maximum(amax, 1e-30)).max()
+    assert (err <= 2.0 ** -4 * np.abs(w) + 2.0 ** -10 * scale[:, None, :] * (1 + 1e-6)).all()
+    # amax lands on the largest e4m3 value: the full range is used
+    w8_abs_max = np.abs(w8.astype(np.float32)).max(axis=-2)
+    nonzero = amax > 0
+    assert np.array_equal(w8_abs_max[nonzero], np.full(nonzero.sum(), 448.0, np.float32))
+    # the zero channel: zero FP8 values, a positive finite scale, dequantizes to exactly zero
+    assert not nonzero[:, 3].any() and (deq[..., 3] == 0).all()
+    # the scale is amax / 448 (as amax · float32(1/448))
+    np.testing.assert_array_equal(scale[nonzero], (amax * np.float32(1 / 448))[nonzero])
+
+
+def _quantize_np(a: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Independent float32 numpy quantization: scale = amax/448 along `axis` (1 where amax is 0)."""
+    amax = np.abs(a).max(axis=axis, keepdims=True)
+    scale = np.where(amax > 0, amax * np.float32(1 / 448), np.float32(1)).astype(np.float32)
+    return np.clip(a / scale, -448, 448).astype(E4M3), scale
+
+
+def test_fp8_matmul_error_and_exact_scale_algebra():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((2, 7, 96)) * np.exp(rng.uniform(-3, 3, (2, 7, 1)))).astype(np.float32)
+    x[:, :, 10] *= 20.0  # an outlier feature, as LayerNorm'd activations have
+    x[1, 4] = 0.0  # an all-zero token
+    w = _weights(rng, (96, 40))
+    w8, w_scale = quantize_weight(jnp.asarray(w))
+
+    out = np.asarray(jax.jit(fp8_matmul, static_argnums=3)(jnp.asarray(x), w8.T, w_scale, jnp.float32))
+    assert out.dtype == np.float32 and out.shape == (2, 7, 40)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    err = rel_l2(out, ref)
+    assert err <= 4e-2, f"fp8 matmul rel L2 {err:.3e} vs float64"
+    assert (out[1, 4] == 0).all()
+
+    # Same numbers as dequantize-then-matmul: checks the scale algebra, not just closeness.
+    x8, x_scale = _quantize_np(x, axis=-1)
+    w8_np, w_scale_np = _quantize_np(w, axis=0)
+    np.testing.assert_array_equal(np.asarray(w8).view(np.uint8), w8_np.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(w_scale), w_scale_np[0])
+    deq = (x8.astype(np.float32) * x_scale).astype(np.float64) @ (w8_np.astype(np.float32) * w_scale_np)
+    assert rel_l2(out, deq) <= 1e-6, rel_l2(out, deq)
+    np.testing.assert_allclose(out, deq, rtol=1e-5, atol=1e-6 * np.abs(deq).max())
+
+    out_bf16 = fp8_matmul(jnp.asarray(x, jnp.bfloat16), w8.T, w_scale, jnp.bfloat16)
+    assert out_bf16.dtype == jnp.bfloat16
+    assert rel_l2(out_bf16, ref) <= 4e-2
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny DiT
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny float32 DiT with every parameter moved off its init (so biases and norms matter)."""
+    cfg = WanDiTConfig.tiny(num_layers=3)
+    model = init_dit(cfg, 0)
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(0)
+    state = jax.tree.map(lambda a: jnp.asarray(a + 0.05 * rng.standard_normal(a.shape), a.dtype), state)
+    model = nnx.merge(graphdef, state)
+    z = jnp.asarray(rng.standard_normal((2, 3, 4, 6, cfg.in_channels)), jnp.float32)
+    t = jnp.asarray([[0.0, 937.0, 937.0], [0.0, 624.0, 624.0]], jnp.float32)
+    ctx = jnp.asarray(rng.standard_normal((2, cfg.text_len, cfg.text_dim)), jnp.float32)
+    return model, (z, t, ctx)
+
+
+def _run(model, inputs) -> np.ndarray:
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda s, *a: nnx.merge(graphdef, s)(*a))(state, *inputs))
+
+
+def _fp8_linear_paths(model) -> set[tuple[str, ...]]:
+    flat = flatten_params(nnx.to_pure_dict(nnx.state(model)))
+    return {p[:-1] for p in flat if p[-1] == "kernel_scale"}
+
+
+def test_quantized_tiny_dit_close_to_float(tiny):
+    model, inputs = tiny
+    q = quantize_dit(model)
+    assert q.cfg.fp8 and not model.cfg.fp8
+    linears = _fp8_linear_paths(q)
+    assert linears == {("blocks", a, n) for a in ("self_attn", "cross_attn") for n in "qkvo"} \
+        | {("blocks", "ffn_up"), ("blocks", "ffn_down")}
+
+    src = flatten_params(nnx.to_pure_dict(nnx.state(model)))
+    dst = flatten_params(nnx.to_pure_dict(nnx.state(q)))
+    assert set(dst) == set(src) | {p + ("kernel_scale",) for p in linears}
+    for path, value in dst.items():
+        if path[:-1] in linears and path[-1] in ("kernel", "kernel_scale"):
+            continue
+        assert value.dtype == src[path].dtype and np.array_equal(np.asarray(value), np.asarray(src[path])), path
+    for lin in linears:
+        kernel, scale = dst[lin + ("kernel",)], dst[lin + ("kernel_scale",)]
+        assert kernel.dtype == jnp.float8_e4m3fn and scale.dtype == jnp.float32
+        n_in, n_out = src[lin + ("kernel",)].shape[-2:]
+        assert kernel.shape == (3, n_out, n_in) and scale.shape == (3, n_out)  # stored (out, in)
+        # stacked quantization = per-layer quantization
+        w8_0, s_0 = quantize_weight(src[lin + ("kernel",)][0])
+        assert np.array_equal(np.asarray(kernel[0]).view(np.uint8), np.asarray(w8_0.T).view(np.uint8)), lin
+        assert np.array_equal(np.asarray(scale[0]), np.asarray(s_0)), lin
+
+    ref = _run(model, inputs)
+    out = _run(q, inputs)
+    assert np.isfinite(out).all()
+    err = rel_l2(out, ref)
+    assert err <= 1e-1, f"fp8 tiny DiT rel L2 {err:.3e} vs float32"
+    assert err > 0, "the fp8 model computed exactly the float result: the FP8 path is not in use"
+    out_unrolled = _run(dit.unrolled(q), inputs)
+    assert dit.unrolled(q).cfg.scan_unroll == 3 and dit.unrolled(q).cfg.fp8
+    assert rel_l2(out_unrolled, out) <= 1e-6, rel_l2(out_unrolled, out)
+
+
+def test_fresh_fp8_init_is_quantized_float_init():
+    cfg = WanDiTConfig.tiny()
+    direct = flatten_params(nnx.to_pure_dict(nnx.state(init_dit(WanDiTConfig.tiny(fp8=True), 3))))
+    via = flatten_params(nnx.to_pure_dict(nnx.state(quantize_dit(init_dit(cfg, 3)))))
+    assert direct.keys() == via.keys()
+    for path in direct:
+        a, b = np.asarray(direct[path]), np.asarray(via[path])
+        assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), path
+
+
+def test_quantize_dit_errors_name_the_parameter(tiny):
+    model, _ = tiny
+    with pytest.raises(ValueError, match="already fp8"):
+        quantize_dit(quantize_dit(model))
+    graphdef, state = nnx.split(model)
+    missing = nnx.merge(graphdef, state)
+    del missing.head_modulation
+    with pytest.raises(ValueError, match=r"'head_modulation' has no source"):
+        quantize_dit(missing)
+    missing = nnx.merge(graphdef, state)
+    del missing.blocks.ffn_down.kernel
+    with pytest.raises(ValueError, match=r"'blocks\.ffn_down\.kernel' has no source"):
+        quantize_dit(missing)
+    extra = nnx.merge(graphdef, state)
+    extra.blocks.ffn_up.lora_a = nnx.Param(jnp.zeros((3, 48, 2)))
+    with pytest.raises(ValueError, match=r"no place in the fp8 model: \['blocks\.ffn_up\.lora_a'\]"):
+        quantize_dit(extra)
+
+
+def test_fp8_params_have_logical_axes():
+    model = abstract_dit(WanDiTConfig.ti2v_5b(fp8=True))
+    specs = flatten_params(nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model, nnx.Param))))
+    for path, spec in specs.items():
+        assert spec is not None and len(spec) >= 1, path
+    assert tuple(specs[("blocks", "ffn_up", "kernel")]) == ("layers", "mlp", "embed")  # (out, in)
+    assert tuple(specs[("blocks", "ffn_up", "kernel_scale")]) == ("layers", "mlp")
+    assert tuple(specs[("blocks", "self_attn", "o", "kernel")]) == ("layers", "embed", "heads")
+    assert tuple(specs[("blocks", "self_attn", "o", "kernel_scale")]) == ("layers", "embed")
+    assert tuple(specs[("blocks", "cross_attn", "q", "bias")]) == ("layers", "heads")
+    flat = flatten_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    assert flat[("blocks", "ffn_down", "kernel")].dtype == jnp.float8_e4m3fn
+    assert flat[("blocks", "ffn_down", "kernel")].shape == (30, 3072, 14336)
+    # everything outside the blocks' linears stays as it was
+    assert flat[("time_proj", "kernel")].dtype == jnp.float32
+    assert flat[("head", "kernel")].dtype == jnp.float32
+    assert ("text_embed_1", "kernel_scale") not in flat
