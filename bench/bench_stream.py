@@ -29,7 +29,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
-               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl,
+               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
@@ -82,6 +82,7 @@ def main() -> None:
     p.add_argument("--no-unroll", action="store_true",
                    help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
     p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
+    p.add_argument("--fp8", action="store_true", help="serve the DiT with FP8 block linears (fp8.quantize_dit)")
     p.add_argument("--compile-cache", default="", metavar="DIR",
                    help="persistent XLA compilation cache (rynn_jax.compile_cache); run twice to time a warm start")
     p.add_argument("--out", default="bench/results/stream.json")
@@ -116,6 +117,10 @@ def main() -> None:
         vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype, **vae_over)
         dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype=dtype, param_dtype=dtype)
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)
+    if a.fp8:
+        from rynn_jax.models.fp8 import quantize_dit
+
+        dit = quantize_dit(dit)
     rcfg = RenderConfig(width=a.width, height=a.height)
     k = default_intrinsics(rcfg)
     joints, elbows = synthetic_hand_motion(1 + 80 * a.chunks, seed=0)

@@ -204,3 +204,33 @@ def test_fp8_params_have_logical_axes():
     assert flat[("time_proj", "kernel")].dtype == jnp.float32
     assert flat[("head", "kernel")].dtype == jnp.float32
     assert ("text_embed_1", "kernel_scale") not in flat
+
+
+def test_streaming_session_serves_a_quantized_dit():
+    """The FP8 model drops into the streaming session (cached causal passes, both VAEs): the same
+    session with the float DiT gives close frames."""
+    import dataclasses
+
+    from rynn_jax.models import causal
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+    from rynn_jax.teleop import streaming
+
+    cfg = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4, control_channels=4)
+    dit_f = init_dit(cfg, 2)
+    rng = np.random.default_rng(3)  # move the zero-initialised control branch off zero
+    nnx.update(dit_f, jax.tree.map(lambda a: a + 0.05 * jnp.asarray(rng.standard_normal(a.shape), a.dtype),
+                                   nnx.state(dit_f, nnx.Param)))
+    vae = init_vae(WanVAEConfig.tiny(), 0)
+    image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
+    ctx = rng.standard_normal((1, cfg.text_len, cfg.text_dim)).astype(np.float32)
+    skeleton = rng.uniform(-1, 1, (1, 5, 32, 64, 3)).astype(np.float32)
+    frames = []
+    for dit_model in (dit_f, quantize_dit(dit_f)):
+        session = streaming.StreamingSession(dit_model, vae, causal.CausalConfig(frames_per_block=2, window_frames=3),
+                                             streaming.StepConfig(num_steps=2), chunk_frames=4)
+        session.start(image, ctx, jax.random.key(0))
+        frames.append(np.asarray(session.step(skeleton)))
+    assert session.dit_cfg.fp8 and dataclasses.is_dataclass(session.dit_cfg)
+    assert frames[1].shape == (1, 5, 32, 64, 3) and np.isfinite(frames[1]).all()
+    err = rel_l2(frames[1], frames[0])
+    assert 0 < err <= 1e-1, f"fp8 vs float streaming frames rel L2 {err:.3e}"
