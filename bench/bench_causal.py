@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _checks import Checks  # noqa: E402
+from _harness import Checks  # noqa: E402
 
 
 def main() -> None:

@@ -27,18 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _checks import Checks  # noqa: E402
+from _harness import Checks, time_ms  # noqa: E402
 
-
-def _time(fn, warmup: int, iters: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def check_slice(checks, attention: str, unroll: int) -> None:
@@ -114,7 +104,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             t0 = time.perf_counter()
             out = fwd(state, z, t, ctx).block_until_ready()
             compile_s = time.perf_counter() - t0
-            times = _time(lambda: fwd(state, z, t, ctx).block_until_ready(), 3, iters)
+            times = time_ms(lambda: fwd(state, z, t, ctx).block_until_ready(), 3, iters)
             name = f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''})"
             if checks is not None:  # same seed, same params: every variant must agree with the first
                 checks.finite(f"{name}, {f} frames", out)
@@ -131,7 +121,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 compiled = fwd_q.lower(state_q, z, t, ctx).compile()
                 out_q = compiled(state_q, z, t, ctx).block_until_ready()
                 compile_s = time.perf_counter() - t0
-                times = _time(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
+                times = time_ms(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
                 hlo = compiled.as_text() or ""
                 if hlo_prefix and f == frames[0]:
                     os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
@@ -172,7 +162,7 @@ def bench_torch(frames: list[int], iters: int, layers: int | None, compile_: boo
                     m(z, t, ctx, return_dict=False)
                 torch.cuda.synchronize()
 
-            times = _time(step, 3, iters)
+            times = time_ms(step, 3, iters)
             rows.append(dict(impl=name, frames=f, tokens=f * 390, median_ms=statistics.median(times),
                              min_ms=min(times)))
             print(rows[-1], flush=True)

@@ -16,22 +16,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _checks import Checks  # noqa: E402
+from _harness import Checks, time_ms  # noqa: E402
 
-
-def _time(fn, warmup: int, iters: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
 
 
 def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int, width: int) -> None:
@@ -97,7 +86,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         out.block_until_ready()
         state["i"] += 1
 
-    t = _time(one_decode, 2, iters)
+    t = time_ms(one_decode, 2, iters)
     if checks is not None:
         check_streaming(checks, graphdef, params, cfg, z, video, height, width)
     rows.append(dict(impl="jax", op="stream decode (1 latent → 4 frames)", median_ms=statistics.median(t),
@@ -113,13 +102,13 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         out, estate["cache"] = enc_step(params, estate["cache"], video[:, 1:5])
         out.block_until_ready()
 
-    t = _time(one_encode, 2, iters)
+    t = time_ms(one_encode, 2, iters)
     rows.append(dict(impl="jax", op="stream encode (4 frames → 1 latent)", median_ms=statistics.median(t),
                      per_frame_ms=statistics.median(t) / 4))
     for op, fn, x in (("decode", V.decode, z), ("encode", V.encode, video)) if whole else ():
         f = jax.jit(functools.partial(fn, graphdef))
         try:  # one pass over all frames is memory-heavy at 81 frames; report, don't abort
-            t = _time(lambda: f(params, x).block_until_ready(), 1, 3)
+            t = time_ms(lambda: f(params, x).block_until_ready(), 1, 3)
         except Exception as e:  # noqa: BLE001 — XLA raises several error types for OOM
             print(f"whole-clip {op} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
@@ -148,7 +137,7 @@ def bench_torch(latent_frames: int, height: int, width: int) -> list[dict]:
             def run():
                 fn()
                 torch.cuda.synchronize()
-            t = _time(run, 1, 3)
+            t = time_ms(run, 1, 3)
             rows.append(dict(impl="diffusers", op=op, median_ms=statistics.median(t),
                              per_frame_ms=statistics.median(t) / n))
     return rows

@@ -25,6 +25,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import time_ms  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,20 +48,10 @@ def _category(name: str) -> str:
     return "other"
 
 
-def _time(fn, warmup: int, iters: int) -> list[float]:
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
 
 def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
     """Profile `fn()` (already compiled) `iters` times; kernel time per call by category and op."""
-    wall = _time(fn, 2, max(iters, 5))
+    wall = time_ms(lambda: jax.block_until_ready(fn()), 2, max(iters, 5))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             for _ in range(iters):
@@ -131,7 +123,7 @@ def target_conv(tiny: bool, iters: int) -> list[dict]:
             cfg = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
             f = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))
             f(x, k, bias).block_until_ready()
-            ms = statistics.median(_time(lambda: f(x, k, bias), 3, iters))
+            ms = statistics.median(time_ms(lambda: jax.block_until_ready(f(x, k, bias)), 3, iters))
             rows.append(dict(shape=[b, t, h, w, c], impl=impl, ms=ms, tflops=flops / ms / 1e9))
             print(f"conv {rows[-1]['shape']} {impl:10s} {ms:8.3f} ms  {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
         ref = jax.jit(lambda x, k, bias: V._conv(

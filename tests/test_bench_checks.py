@@ -1,4 +1,4 @@
-"""The benchmarks' output checks (bench/_checks.py) fail on wrong outputs, and a bench records them."""
+"""The benchmarks' output checks (bench/_harness.py) fail on wrong outputs, and a bench records them."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from _checks import Checks  # noqa: E402
+from _harness import Checks  # noqa: E402
 
 
 def test_checks_catch_wrong_outputs():

@@ -645,18 +645,11 @@ def encode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, frames
     if frames_bthwc.shape[1] != stride:
         raise ValueError(f"encode_chunk takes {stride} frames a call, got {frames_bthwc.shape[1]}")
 
-    def run(first: bool):
-        def branch(layers):
-            x = frames_bthwc[:, -1:] if first else frames_bthwc
-            z, new = model.encode_frames(x, layers, first=first, normalize=normalize)
-            return z, jax.tree.map(lambda n, o: n.astype(o.dtype), new, layers)
-        return branch
+    def branch(layers: Cache, first: bool) -> tuple[jax.Array, Cache]:
+        x = frames_bthwc[:, -1:] if first else frames_bthwc
+        return model.encode_frames(x, layers, first=first, normalize=normalize)
 
-    if first is None:
-        z, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])
-    else:
-        z, layers = run(first)(cache["layers"])
-    return z, {"step": cache["step"] + 1, "layers": layers}
+    return _stream_step(branch, cache, first)
 
 
 def init_decode_cache(cfg: WanVAEConfig, batch: int, height: int, width: int,
@@ -681,13 +674,25 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, latent
     if latent_b1hwc.ndim != 5 or latent_b1hwc.shape[1] != 1:
         raise ValueError(f"decode_chunk takes one latent frame (B,1,h,w,z): {latent_b1hwc.shape}")
 
-    def run(first: bool):
-        def branch(layers):
-            y, new = model.decode_frames(latent_b1hwc, layers, first=first, normalize=normalize)
-            if first:
-                y = jnp.pad(y, ((0, 0), (stride - 1, 0), (0, 0), (0, 0), (0, 0)))
+    def branch(layers: Cache, first: bool) -> tuple[jax.Array, Cache]:
+        y, new = model.decode_frames(latent_b1hwc, layers, first=first, normalize=normalize)
+        if first:
+            y = jnp.pad(y, ((0, 0), (stride - 1, 0), (0, 0), (0, 0), (0, 0)))
+        return y, new
+
+    return _stream_step(branch, cache, first)
+
+
+def _stream_step(branch: Callable[[Cache, bool], tuple[jax.Array, Cache]], cache: Cache,
+                 first: bool | None) -> tuple[jax.Array, Cache]:
+    """Run `branch(layers, first)` on a streaming cache: the first-chunk or later-chunk program,
+    picked on the device from the step counter (first=None, lax.cond) or statically; the new
+    layer caches keep the old ones' dtypes, and the step counter advances."""
+    def run(is_first: bool):
+        def go(layers: Cache) -> tuple[jax.Array, Cache]:
+            y, new = branch(layers, is_first)
             return y, jax.tree.map(lambda n, o: n.astype(o.dtype), new, layers)
-        return branch
+        return go
 
     if first is None:
         y, layers = jax.lax.cond(cache["step"] == 0, run(True), run(False), cache["layers"])

@@ -1,4 +1,5 @@
-"""Output checks shared by the benchmarks: a timed program must also compute the right thing.
+"""What the benchmarks share: timing, and output checks (a timed program must also compute the
+right thing).
 
 Each bench records its checks in its JSON (`checks`) and exits non-zero after writing it when one
 fails, so a fast but wrong variant cannot pass unnoticed.
@@ -6,7 +7,22 @@ fails, so a fast but wrong variant cannot pass unnoticed.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
+
+
+def time_ms(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:
+    """Wall times in ms of `iters` calls after `warmup` untimed ones; `fn` must block until done."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 class Checks:
