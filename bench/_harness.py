@@ -7,10 +7,19 @@ fails, so a fast but wrong variant cannot pass unnoticed.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+
+def write_json(path: str, payload: dict) -> None:
+    """The bench's results file (its folder created)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
 
 
 def time_ms(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:

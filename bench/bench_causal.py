@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks  # noqa: E402
+from _harness import Checks, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -150,9 +150,7 @@ def main() -> None:
                device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
                frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype)
     print("JSON " + json.dumps(out))
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(a.out, out)
     checks.exit_if_failed()
 
 

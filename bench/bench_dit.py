@@ -27,8 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks, time_ms  # noqa: E402
-
+from _harness import Checks, time_ms, write_json  # noqa: E402
 
 
 def check_slice(checks, attention: str, unroll: int) -> None:
@@ -207,9 +206,7 @@ def main() -> None:
     print(f"\n{'impl':28s} {'frames':>6s} {'tokens':>6s} {'median ms':>10s} {'min ms':>8s}")
     for r in rows:
         print(f"{r['impl']:28s} {r['frames']:6d} {r['tokens']:6d} {r['median_ms']:10.2f} {r['min_ms']:8.2f}")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]), f, indent=1)
+    write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]))
     checks.exit_if_failed()
 
 

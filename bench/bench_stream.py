@@ -14,7 +14,6 @@ warm-up chunks. Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks  # noqa: E402
+from _harness import Checks, write_json  # noqa: E402
 
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks) -> None:
@@ -31,9 +30,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(path, out)
 
 
 def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int) -> dict:

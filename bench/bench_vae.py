@@ -19,8 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks, time_ms  # noqa: E402
-
+from _harness import Checks, time_ms, write_json  # noqa: E402
 
 
 def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int, width: int) -> None:
@@ -174,9 +173,7 @@ def main() -> None:
     print(f"\n{'impl':10s} {'op':40s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:10s} {r['op']:40s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]), f, indent=1)
+    write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]))
     checks.exit_if_failed()
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import json
 import os
 import re
 import statistics
@@ -26,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import time_ms  # noqa: E402
+from _harness import time_ms, write_json  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,7 +45,6 @@ def _category(name: str) -> str:
         if re.search(pattern, low):
             return cat
     return "other"
-
 
 
 def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
@@ -202,8 +200,10 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
             step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
             cache = V.init_encode_cache(cfg, 1, h, w)
             x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
-        _, cache = jax.jit(functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk,
-                                             graphdef))(params, cache, x)  # past the first-chunk branch
+        # past the first chunk (the static later-chunk program cannot run it: a cond program does)
+        warm = step if not static_branch else jax.jit(
+            functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef))
+        _, cache = warm(params, cache, x)
         t0 = time.perf_counter()
         jax.block_until_ready(step(params, cache, x))
         res = kernel_breakdown(lambda: step(params, cache, x), iters)
@@ -242,9 +242,7 @@ def main() -> None:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(a.out, result)
     print(f"\nwrote {a.out}")
 
 

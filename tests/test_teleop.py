@@ -129,3 +129,9 @@ def test_demo_sim_world_end_to_end(tmp_path, capsys):
     assert np.abs(middle - ep["ground_truth"]).mean() < 0.5 * np.abs(middle - ep["frames"]).mean()
     with pytest.raises(ValueError, match="multiples of 32"):
         demo.run_sim(tmp_path / "bad", height=48, width=64)
+
+
+def test_demo_rejects_a_malformed_resolution(capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--world", "sim", "--resolution", "32by64"])
+    assert "expected HxW such as 96x160, got '32by64'" in capsys.readouterr().err

@@ -54,11 +54,15 @@ def state_dict(ref):
     return {k: v.numpy() for k, v in ref.state_dict().items()}
 
 
+def split_from_diffusers(state_dict: dict, cfg: V.WanVAEConfig) -> tuple:
+    """(graphdef, params) of our VAE with `cfg`, filled from a diffusers state dict."""
+    params = convert_state_dict(state_dict, W.vae_rules(cfg, "diffusers"), W.abstract_params(cfg))
+    return nnx.split(V.vae_from_params(cfg, params))
+
+
 @pytest.fixture(scope="module")
 def ours(state_dict):
-    params = convert_state_dict(state_dict, W.vae_rules(CFG, "diffusers"),
-                                W.abstract_params(CFG))
-    return nnx.split(V.vae_from_params(CFG, params))
+    return split_from_diffusers(state_dict, CFG)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +128,7 @@ def test_conv_impls_match_diffusers(ref, state_dict, video, impl):
     """Every conv formulation (the default is fold2d, a GPU speed choice) computes the same
     encoder and decoder."""
     cfg = dataclasses.replace(CFG, conv_impl=impl)
-    params = convert_state_dict(state_dict, W.vae_rules(cfg, "diffusers"), W.abstract_params(cfg))
-    graphdef, params = nnx.split(V.vae_from_params(cfg, params))
+    graphdef, params = split_from_diffusers(state_dict, cfg)
     z = torch.randn(B, CFG.z_dim, 4, 2, 3, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want_video = ref.decode(z).sample.numpy()
@@ -176,8 +179,7 @@ def test_streaming_every_conv_impl_and_static_branch(ours, state_dict, video, la
     """Streaming (causal caches as `past` of each conv) agrees with the whole clip for every conv
     formulation, with the first/later branch picked on the device (cond) or statically."""
     cfg = dataclasses.replace(CFG, conv_impl=impl)
-    params = convert_state_dict(state_dict, W.vae_rules(cfg, "diffusers"), W.abstract_params(cfg))
-    graphdef, params = nnx.split(V.vae_from_params(cfg, params))
+    graphdef, params = split_from_diffusers(state_dict, cfg)
     whole = decode(*ours, latents)
     x = to_bthwc(video)
     enc = V.init_encode_cache(cfg, B, H, WD)

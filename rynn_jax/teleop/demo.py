@@ -240,6 +240,14 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     return summary
 
 
+def _height_width(text: str) -> tuple[int, int]:
+    """argparse type for --resolution: "HxW" → (H, W)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected HxW such as 96x160, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python serve.py demo", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="outputs/demo", help="output directory")
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world", default="sample", choices=["sample", "sim"],
                    help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
     p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
-    p.add_argument("--resolution", default="96x160", help="--world sim: HxW, multiples of 32")
+    p.add_argument("--resolution", default=(96, 160), type=_height_width, help="--world sim: HxW, multiples of 32")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
-        height, width = (int(x) for x in a.resolution.lower().split("x"))
+        height, width = a.resolution
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae)
         print(json.dumps(summary, indent=1))
