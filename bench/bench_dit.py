@@ -67,7 +67,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
     from flax import nnx
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
-    from rynn_jax.models.fp8 import quantize_dit
+    from rynn_jax.models.fp8 import FP8_COMPILER_OPTIONS, quantize_dit
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
@@ -117,7 +117,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             if fp8:
                 name_q = f"{name[:-1]}, fp8)"
                 t0 = time.perf_counter()
-                compiled = fwd_q.lower(state_q, z, t, ctx).compile()
+                compiled = fwd_q.lower(state_q, z, t, ctx).compile(FP8_COMPILER_OPTIONS if gpu else None)
                 out_q = compiled(state_q, z, t, ctx).block_until_ready()
                 compile_s = time.perf_counter() - t0
                 times = time_ms(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)

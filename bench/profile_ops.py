@@ -105,7 +105,69 @@ def _print(name: str, res: dict) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def target_conv(tiny: bool, iters: int) -> list[dict]:
+def _fp8_conv_rows(x: jax.Array, k: jax.Array, bias: jax.Array, flops: float, iters: int) -> list[dict]:
+    """The same causal conv with e4m3 operands and per-tensor scalar scales, in the HLO form XLA's
+    cuDNN rewriter turns into an FP8 graph conv on Hopper (`conv(convert(x8)·sx, convert(w8)·sw)`).
+    "prequant": operands already FP8 (the conv alone); "quant": the bf16 activation's amax and
+    convert timed in too (what a VAE layer would pay). fold2d folds the time taps in FP8."""
+    f8, wide = jnp.float8_e4m3fn, jnp.bfloat16
+
+    def quant(a):
+        s = jnp.maximum(jnp.max(jnp.abs(a.astype(jnp.float32))), 1e-12) / 448.0
+        return jnp.clip(a.astype(jnp.float32) / s, -448.0, 448.0).astype(f8), s
+
+    def conv(x8, sx, k8, sk, bias, impl):
+        kt, kh, kw, ci, co = k8.shape
+        if impl == "fold2d":
+            t = x8.shape[1] - kt + 1
+            x8 = jnp.concatenate([x8[:, i:i + t] for i in range(kt)], axis=-1)
+            x8 = x8.reshape(-1, *x8.shape[2:])
+            k8 = k8.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * ci, co)
+            dims = ("NHWC", "HWIO", "NHWC")
+        else:
+            dims = ("NTHWC", "THWIO", "NTHWC")
+        xw = x8.astype(wide) * sx.astype(wide)
+        kw_ = k8.astype(wide) * sk.astype(wide)
+        y = jax.lax.conv_general_dilated(xw, kw_, (1,) * (xw.ndim - 2),
+                                         ((0, 0), (1, 1), (1, 1)) if impl == "3d" else ((1, 1), (1, 1)),
+                                         dimension_numbers=dims)
+        return y + bias.astype(wide)
+
+    y_ref = jax.jit(lambda x, k: jax.lax.conv_general_dilated(
+        x.astype(jnp.float32), k.astype(jnp.float32), (1, 1, 1), ((0, 0), (1, 1), (1, 1)),
+        dimension_numbers=("NTHWC", "THWIO", "NTHWC")))(x, k) + bias.astype(jnp.float32)
+    k8, sk = jax.jit(quant)(k)
+    x8, sx = jax.jit(quant)(x)
+    rows = []
+    for impl in ("3d", "fold2d"):
+        for mode in ("prequant", "quant"):
+            if mode == "prequant":
+                f = jax.jit(lambda x8, sx, k8, sk, b, impl=impl: conv(x8, sx, k8, sk, b, impl))
+                args = (x8, sx, k8, sk, bias)
+            else:
+                f = jax.jit(lambda x, k8, sk, b, impl=impl: conv(*quant(x), k8, sk, b, impl))
+                args = (x, k8, sk, bias)
+            name = f"{impl}_fp8_{mode}"
+            try:
+                hlo = f.lower(*args).compile().as_text()
+            except Exception as exc:  # noqa: BLE001 — e.g. cuDNN has no FP8 engine for this conv
+                print(f"conv {list(x.shape)} {name:20s} failed to compile: {str(exc).splitlines()[0][:160]}")
+                rows.append(dict(shape=list(x.shape), impl=name, error=str(exc)[:400]))
+                continue
+            y = f(*args)
+            ms = statistics.median(time_ms(lambda: jax.block_until_ready(f(*args)), 3, iters))
+            err = float(jnp.linalg.norm(y.reshape(y_ref.shape).astype(jnp.float32) - y_ref)
+                        / jnp.linalg.norm(y_ref))
+            row = dict(shape=list(x.shape[:1]) + [x.shape[1] - 2] + list(x.shape[2:]), impl=name,
+                       ms=ms, tflops=flops / ms / 1e9, rel_l2_vs_f32=err,
+                       cudnn_fp8_graph="convForwardGraph" in hlo)
+            rows.append(row)
+            print(f"conv {row['shape']} {row['impl']:20s} {ms:8.3f} ms  {row['tflops']:7.1f} TFLOP/s"
+                  f"  rel-L2 vs f32 {err:.2e}  cuDNN FP8 graph: {row['cudnn_fp8_graph']}", flush=True)
+    return rows
+
+
+def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
     from rynn_jax.models import vae as V
 
     shapes = ([(1, 4, 16, 24, 16)] if tiny else
@@ -124,6 +186,8 @@ def target_conv(tiny: bool, iters: int) -> list[dict]:
             ms = statistics.median(time_ms(lambda: jax.block_until_ready(f(x, k, bias)), 3, iters))
             rows.append(dict(shape=[b, t, h, w, c], impl=impl, ms=ms, tflops=flops / ms / 1e9))
             print(f"conv {rows[-1]['shape']} {impl:10s} {ms:8.3f} ms  {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
+        if fp8:
+            rows += _fp8_conv_rows(x, k, bias, flops, iters)
         ref = jax.jit(lambda x, k, bias: V._conv(
             x, k, bias, V.WanVAEConfig.wan22(dtype="float32", conv_impl="3d"), pad_hw=((1, 1), (1, 1))))
         y_ref = ref(x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
@@ -225,6 +289,8 @@ def main() -> None:
     p.add_argument("--conv-impls", nargs="+", default=None, help="VAE conv_impl variants (default: all)")
     p.add_argument("--static-branch", action="store_true",
                    help="VAE: also time the later-chunk branch alone (first=False), next to the lax.cond")
+    p.add_argument("--fp8-conv", action="store_true",
+                   help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
 
@@ -234,7 +300,7 @@ def main() -> None:
     result: dict = dict(backend=jax.default_backend(), jax=jax.__version__,
                         device=str(jax.devices()[0].device_kind), argv=sys.argv[1:])
     if "conv" in a.targets:
-        result["conv"] = target_conv(a.tiny, a.iters)
+        result["conv"] = target_conv(a.tiny, a.iters, a.fp8_conv)
     if "dit" in a.targets:
         result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll)
     for which in ("decode", "encode"):

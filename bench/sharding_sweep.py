@@ -339,6 +339,18 @@ def run_point(args: argparse.Namespace, spec: str) -> dict:
         peaks = [d.memory_stats().get("peak_bytes_in_use") for d in mesh.devices.flat if d.memory_stats()]
         if peaks and all(p is not None for p in peaks):
             row["peak_bytes_per_device"] = int(max(peaks))
+        if args.profile:  # per-kernel breakdown of further steps (bench/profile_ops.py's parser)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from profile_ops import kernel_breakdown
+
+            holder = [state]
+
+            def one_step(step=compiled):
+                holder[0], metrics = step(holder[0], batch)
+                return holder[0], metrics
+
+            row["profile"] = kernel_breakdown(one_step, iters=args.profile, top=30)
+            state = holder[0]
         row["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 — a point's failure is a row, not a crash of the sweep
         row.update(status=_classify(exc), phase=phase, reason=_short(exc))
@@ -357,7 +369,8 @@ def run_point(args: argparse.Namespace, spec: str) -> dict:
 def _worker_argv(args: argparse.Namespace, spec: str) -> list[str]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", spec, "--config", args.config,
             "--steps", str(args.steps), "--seed", str(args.seed), "--peak-tflops", str(args.peak_tflops)]
-    for flag, value in (("--batch", args.batch), ("--frames", args.frames), ("--layers", args.layers)):
+    for flag, value in (("--batch", args.batch), ("--frames", args.frames), ("--layers", args.layers),
+                        ("--profile", args.profile)):
         if value:
             argv += [flag, str(value)]
     if args.hw:
@@ -478,6 +491,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=0, help="cut the DiT to this many blocks (quick points)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after one untimed step")
     p.add_argument("--seed", type=int, default=0, help="host batch seed")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N more steps: kernel time per step by category and op")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="per device, for MFU (0 = recipe's log value)")
     p.add_argument("--compile-only", action="store_true", help="compile + memory analysis, no init or run")
     p.add_argument("--model-only", action="store_true", help="computed columns only (state bytes, traffic "
@@ -529,6 +544,12 @@ def main(argv: list[str] | None = None) -> dict:
         check_losses(report["rows"])
         print(f"[{i + 1}/{len(args.meshes)}] " + (format_predicted(row) if args.model_only else format_row(row)) + (f"  ({row['reason']})" if "reason" in row else ""),
               flush=True)
+        if "profile" in row:
+            prof = row["profile"]
+            print(f"    kernels per step: busy {prof['busy_ms']:.1f} ms of {prof['wall_ms']:.1f} ms wall; "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in prof["by_category"].items()), flush=True)
+            for op in prof["top_ops"][:12]:
+                print(f"    {op['ms']:9.2f} ms x{op['calls']:<5d} {op['op'][:100]}", flush=True)
         if "device_kind" not in report:
             report.update({k: row[k] for k in ("device_kind", "platform", "device_count") if k in row})
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

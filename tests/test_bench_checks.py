@@ -36,3 +36,19 @@ def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
     assert all(r["ok"] for r in checks.values()) and len(checks) == 4, checks
     errs = [r["value"] for name, r in checks.items() if "vs whole-clip" in name]
     assert len(errs) == 2 and max(errs) < 1e-4, errs
+
+
+def test_profile_ops_fp8_conv_probe(tmp_path):
+    """profile_ops --fp8-conv: the e4m3 conv variants run and land within FP8 rounding of the float32
+    conv (per-tensor scales: 3 mantissa bits, so a few percent rel L2 — not zero, not large)."""
+    out = tmp_path / "conv.json"
+    cmd = [sys.executable, "bench/profile_ops.py", "--targets", "conv", "--tiny", "--fp8-conv", "--iters", "1",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["conv"]
+    fp8 = [r for r in rows if "fp8" in r["impl"]]
+    assert {r["impl"] for r in fp8} == {"3d_fp8_prequant", "3d_fp8_quant", "fold2d_fp8_prequant", "fold2d_fp8_quant"}
+    for r in fp8:
+        assert 5e-3 < r["rel_l2_vs_f32"] < 6e-2 and r["ms"] > 0, r
+        assert r["cudnn_fp8_graph"] is False, r  # CPU: no cuDNN

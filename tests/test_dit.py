@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from rynn_jax.convert import ConversionError, flatten_params
-from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params
+from rynn_jax.models import dit
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params, init_dit
 from rynn_jax.text import pad_context
 from rynn_jax.models.dit_weights import dit_params_from_state_dict
 
@@ -110,6 +111,58 @@ def test_remat_does_not_change_values(case):
     cfg, sd, inputs, ref_out = case
     cfg = WanDiTConfig(**{**cfg.__dict__, "remat": "full"})
     assert rel_l2(_forward(cfg, dit_params_from_state_dict(sd, cfg), inputs), ref_out) <= 1e-5
+
+
+@pytest.mark.parametrize("remat", ["full", "save_dots", "save_dots_attn"])
+def test_remat_policies_keep_gradients(remat):
+    """Remat only trades memory for recompute: gradients equal the un-rematerialised ones."""
+    base = WanDiTConfig.tiny(num_layers=2)
+    rng = np.random.default_rng(0)
+    z = jnp.asarray(rng.standard_normal((1, 2, 4, 4, base.in_channels)), jnp.float32)
+    t = jnp.asarray([[0.0, 500.0]])
+    ctx = jnp.asarray(rng.standard_normal((1, base.text_len, base.text_dim)), jnp.float32)
+
+    def grads(cfg):
+        graphdef, state = nnx.split(init_dit(cfg, 0))
+        loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(z, t, ctx) ** 2)  # noqa: E731
+        return flatten_params(nnx.to_pure_dict(jax.grad(loss)(state)))
+
+    ref, got = grads(base), grads(WanDiTConfig.tiny(num_layers=2, remat=remat))
+    assert ref.keys() == got.keys()
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_save_dots_attn_policy_names_jax_cudnn_attention():
+    """The policy keys on JAX's cuDNN attention primitive names: fail loudly if JAX renames them."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    names = {fa._dot_product_attention_fwd_p_wrapper.name, fa._dot_product_attention_fwd_p.name}
+    assert names == set(dit.ATTENTION_FWD_PRIMITIVES)
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    assert dit.save_dots_and_attention(fa._dot_product_attention_fwd_p_wrapper, x)
+    assert not dit.save_dots_and_attention(jax.lax.exp_p, x)
+    dot_params = dict(dimension_numbers=(((1,), (0,)), ((), ())), precision=None, preferred_element_type=None)
+    assert dit.save_dots_and_attention(jax.lax.dot_general_p, x, x, **dot_params)
+    batched = dict(dot_params, dimension_numbers=(((2,), (1,)), ((0,), (0,))))
+    x3 = jax.ShapeDtypeStruct((2, 8, 8), jnp.float32)
+    assert not dit.save_dots_and_attention(jax.lax.dot_general_p, x3, x3, **batched)
+
+
+@pytest.mark.parametrize("remat, forwards", [("save_dots", 2), ("save_dots_attn", 1)])
+def test_save_dots_attn_skips_the_attention_recompute(remat, forwards, monkeypatch):
+    """Traced (not run: no cuDNN here) gradient of a rematerialised cuDNN attention: "save_dots" runs
+    the attention forward twice (forward + recompute in the backward), "save_dots_attn" once."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)  # tracing only: pretend an H100/H200
+    monkeypatch.setattr(fa, "check_compute_capability", lambda *_: True)
+    q = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
+    attend = jax.checkpoint(lambda q: jax.nn.dot_product_attention(q, q, q, implementation="cudnn"),
+                            policy=dit._REMAT_POLICIES[remat])
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda q: jnp.sum(attend(q).astype(jnp.float32))))(q))
+    assert jaxpr.count("dot_product_attention_fwd_wrapper") == forwards
+    assert jaxpr.count("dot_product_attention_bwd") == 1
 
 
 # Original Wan names, written here independently of the library's table (regex on diffusers keys).

@@ -24,7 +24,7 @@ def test_sharding_sweep_tiny(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}"}
     cmd = [sys.executable, "bench/sharding_sweep.py", "--config", "tiny", "--in-process", "--batch", "8",
-           "--steps", "1", "--out", str(out),
+           "--steps", "1", "--profile", "1", "--out", str(out),
            "--meshes", "fsdp=8", "data=8", "fsdp=2,context=4", "fsdp=16", "data=3"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -46,4 +46,9 @@ def test_sharding_sweep_tiny(tmp_path):
 
     assert rows["fsdp=16"]["status"] == "skipped" and "16 devices" in rows["fsdp=16"]["reason"]
     assert rows["data=3"]["status"] == "skipped" and "does not split" in rows["data=3"]["reason"]
+    # --profile: kernel time of one more step, by category; the categories add up to the busy time
+    prof = rows["fsdp=8"]["profile"]
+    assert prof["busy_ms"] > 0 and prof["kernels_per_call"] > 0 and prof["top_ops"], prof
+    assert abs(sum(prof["by_category"].values()) - prof["busy_ms"]) < 1e-2 * prof["busy_ms"] + 0.01, prof
+    assert "matmul" in prof["by_category"], prof
     assert "Δloss" in proc.stdout and "fsdp=2,context=4" in proc.stdout  # the printed table

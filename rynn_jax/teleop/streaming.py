@@ -33,7 +33,8 @@ from rynn_jax.diffusion import samplers
 from rynn_jax.diffusion.schedules import flow_sigmas, flow_timesteps
 from rynn_jax.models import causal
 from rynn_jax.models import vae as vae_lib
-from rynn_jax.models.dit import WanDiT, unrolled
+from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
+from rynn_jax.models.fp8 import FP8_COMPILER_OPTIONS
 from rynn_jax.models.vae import WanVAE
 
 State = dict[str, Any]  # plain dicts of arrays: jit/export friendly
@@ -127,6 +128,12 @@ def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n:
 # --------------------------------------------------------------------------------------------------
 
 
+def compiler_options(cfg: WanDiTConfig) -> dict | None:
+    """XLA options for programs that run this DiT: an FP8 model on GPU compiles its GEMMs for
+    cuBLASLt instead of autotuning a Triton kernel per layer (fp8.FP8_COMPILER_OPTIONS)."""
+    return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
+
+
 class CausalStudent:
     """The causal DiT split once, its start/step jitted once (the state is donated).
     `unroll_layers`: serve the layers unrolled (`dit.unrolled`; faster, longer compile)."""
@@ -135,8 +142,9 @@ class CausalStudent:
                  scfg: StepConfig = StepConfig(), *, unroll_layers: bool = True):
         self.cfg, self.ccfg, self.scfg = model.cfg, ccfg, scfg
         self.graphdef, self.params = nnx.split(unrolled(model) if unroll_layers else model)
-        self.start_fn = jax.jit(make_start(self.graphdef, ccfg))
-        self.step_fn = jax.jit(make_step(self.graphdef, ccfg, scfg), donate_argnums=1)
+        opts = compiler_options(model.cfg)
+        self.start_fn = jax.jit(make_start(self.graphdef, ccfg), compiler_options=opts)
+        self.step_fn = jax.jit(make_step(self.graphdef, ccfg, scfg), donate_argnums=1, compiler_options=opts)
         self.anchor_fn = jax.jit(anchor_state, donate_argnums=0)
 
     def start(self, ref_latent_b1hwc: jax.Array, ctx_bsk: jax.Array) -> State:
@@ -286,8 +294,11 @@ class StreamingSession:
         self.dit_graphdef, self.dit_params = nnx.split(unrolled(dit) if unroll_layers else dit)
         self.vae_graphdef, self.vae_params = nnx.split(vae)
         self.dit_cfg = dit.cfg
-        self._start = jax.jit(make_stream_start(self.dit_graphdef, self.vae_graphdef, vae.cfg, ccfg))
-        self._step = jax.jit(make_stream_step(self.dit_graphdef, self.vae_graphdef, ccfg, scfg), donate_argnums=2)
+        opts = compiler_options(dit.cfg)
+        self._start = jax.jit(make_stream_start(self.dit_graphdef, self.vae_graphdef, vae.cfg, ccfg),
+                              compiler_options=opts)
+        self._step = jax.jit(make_stream_step(self.dit_graphdef, self.vae_graphdef, ccfg, scfg), donate_argnums=2,
+                             compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(self.vae_graphdef), donate_argnums=1)
         self.state: State | None = None
 
