@@ -239,16 +239,15 @@ def test_streaming_session_serves_a_quantized_dit():
 def test_fp8_programs_compile_for_cublaslt_on_gpu(monkeypatch):
     """Serving programs of an FP8 DiT get FP8_COMPILER_OPTIONS on GPU only (Triton GEMM autotuning
     per FP8 layer made the 5B compile take minutes); the options are real XLA options."""
-    from rynn_jax.models.fp8 import FP8_COMPILER_OPTIONS
-    from rynn_jax.teleop import streaming
+    from rynn_jax.models import fp8
 
     cfg8 = WanDiTConfig.tiny(num_layers=3, fp8=True)
-    assert streaming.compiler_options(cfg8) is None  # CPU here
-    monkeypatch.setattr(streaming.jax, "default_backend", lambda: "gpu")
-    assert streaming.compiler_options(cfg8) == FP8_COMPILER_OPTIONS
-    assert streaming.compiler_options(WanDiTConfig.tiny(num_layers=3)) is None  # float model: XLA's defaults
+    assert fp8.compiler_options(cfg8) is None  # CPU here
+    monkeypatch.setattr(fp8.jax, "default_backend", lambda: "gpu")
+    assert fp8.compiler_options(cfg8) == fp8.FP8_COMPILER_OPTIONS
+    assert fp8.compiler_options(WanDiTConfig.tiny(num_layers=3)) is None  # float model: XLA's defaults
     # XLA accepts the option (an unknown name would raise at compile).
     x = jnp.ones((4, 4))
-    assert float(jax.jit(lambda a: a @ a).lower(x).compile(FP8_COMPILER_OPTIONS)(x)[0, 0]) == 4.0
+    assert float(jax.jit(lambda a: a @ a).lower(x).compile(fp8.FP8_COMPILER_OPTIONS)(x)[0, 0]) == 4.0
     with pytest.raises(Exception, match="no_such_option"):
         jax.jit(lambda a: a @ a).lower(x).compile({"xla_no_such_option": True})

@@ -65,6 +65,28 @@ def test_generate_is_deterministic_and_shaped(world_model):
         world_model.generate(jax.random.key(0), ref[:16], skel, ctx, sampling)
 
 
+def test_fp8_world_model_close_to_float_and_compiled_with_fp8_options(world_model, monkeypatch):
+    """`serve.py demo --fp8`: the quantized DiT generates frames close to the float model's, and its
+    sampler is the program compiled with the FP8 XLA options (forced here: on CPU they are off)."""
+    from rynn_jax.models import fp8
+    from rynn_jax.teleop import world_model as wm
+
+    dit8, vae = demo.build_modules(None, None, 0, fp8=True)
+    assert dit8.cfg.fp8
+    monkeypatch.setattr(fp8, "compiler_options", lambda cfg: fp8.FP8_COMPILER_OPTIONS if cfg.fp8 else None)
+    before = wm._sample_fp8._cache_size()
+    rng = np.random.default_rng(0)
+    ref = rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)
+    skel = rng.integers(0, 255, (5, 32, 64, 3), dtype=np.uint8)
+    ctx = np.zeros((16, 24), np.float32)
+    sampling = SamplingConfig(num_steps=2)
+    dit_f, _ = demo.build_modules(None, None, 0)
+    frames = [WorldModel(d, vae).generate(jax.random.key(0), ref, skel, ctx, sampling) for d in (dit_f, dit8)]
+    assert wm._sample_fp8._cache_size() == before + 1  # the FP8 model ran the FP8-options program
+    diff = np.abs(frames[0].astype(int) - frames[1].astype(int))
+    assert frames[1].shape == (5, 32, 64, 3) and 0 < diff.max() and diff.mean() < 1.0, (diff.mean(), diff.max())
+
+
 def test_world_model_rejects_uncontrolled_dit():
     with pytest.raises(ValueError, match="control branch"):
         WorldModel(init_dit(WanDiTConfig.tiny(in_channels=4, out_channels=4)), init_vae(WanVAEConfig.tiny()))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 if TYPE_CHECKING:
-    from rynn_jax.models.dit import WanDiT
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig
 
 FP8 = jnp.float8_e4m3fn
 # XLA options for compiling an FP8 model on GPU (`lowered.compile(FP8_COMPILER_OPTIONS)`, or
@@ -26,6 +26,12 @@ FP8 = jnp.float8_e4m3fn
 # over 4 minutes to compile on an H200 (2 layers: 31 s), and ran no faster than with cuBLASLt's
 # FP8 GEMMs (2 layers: 1.99 vs 2.03 ms; compile 4.8 s).
 FP8_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compiler_options(cfg: WanDiTConfig) -> dict | None:
+    """XLA options for a program that runs a DiT with this config: FP8_COMPILER_OPTIONS for an FP8
+    model on GPU, else None (XLA's defaults)."""
+    return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 

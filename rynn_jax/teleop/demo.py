@@ -35,6 +35,7 @@ from rynn_jax.kinematics.layout import ACTION_NAMES
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.dit_weights import load_dit
+from rynn_jax.models.fp8 import quantize_dit
 from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
@@ -78,24 +79,27 @@ def _read_png(path: Path) -> np.ndarray:
     return img[..., :3]
 
 
-def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int):
-    """(DiT, VAE): converted weights, or tiny random ones."""
+def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False):
+    """(DiT, VAE): converted weights, or tiny random ones. `fp8`: the DiT's block linears
+    quantized to FP8 (`models.fp8.quantize_dit`; serving only)."""
     if (dit_dir is None) != (vae_dir is None):
         raise ValueError("give both --dit and --vae, or neither (tiny random models)")
     if dit_dir is not None:
-        return load_dit(dit_dir), load_vae(vae_dir)
-    vae_cfg = WanVAEConfig.tiny()
-    dit_cfg = WanDiTConfig.tiny(control="add", in_channels=vae_cfg.z_dim, out_channels=vae_cfg.z_dim,
-                                control_channels=vae_cfg.z_dim)
-    return init_dit(dit_cfg, seed), init_vae(vae_cfg, seed)
+        dit, vae = load_dit(dit_dir), load_vae(vae_dir)
+    else:
+        vae_cfg = WanVAEConfig.tiny()
+        dit_cfg = WanDiTConfig.tiny(control="add", in_channels=vae_cfg.z_dim, out_channels=vae_cfg.z_dim,
+                                    control_channels=vae_cfg.z_dim)
+        dit, vae = init_dit(dit_cfg, seed), init_vae(vae_cfg, seed)
+    return (quantize_dit(dit) if fp8 else dit), vae
 
 
-def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int) -> WorldModel:
-    return WorldModel(*build_modules(dit_dir, vae_dir, seed))
+def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False) -> WorldModel:
+    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8))
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
-        dit: str | None = None, vae: str | None = None, text: str | None = None) -> dict:
+        dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False) -> dict:
     if (num_frames - 1) % 4:
         raise ValueError(f"--frames must be 1 + 4k (the VAE's temporal stride), got {num_frames}")
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     if t_video[-1] > stream.span[1] + 1e-6:
         raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
                          f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
-    model = build_world_model(dit, vae, seed)
+    model = build_world_model(dit, vae, seed, fp8=fp8)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
     done("load")
@@ -149,7 +153,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     bar.close()
     summary = {
         "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
-        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
+        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)", "dit_fp8": fp8,
         "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
         "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
         "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
@@ -161,7 +165,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
 def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
             height: int = 96, width: int = 160, episode_frames: int | None = None,
-            dit: str | None = None, vae: str | None = None) -> dict:
+            dit: str | None = None, vae: str | None = None, fp8: bool = False) -> dict:
     """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame.
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on)."""
@@ -178,7 +182,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         """Build the causal student and compile its start/step on zeros (the compiled programs
         are cached; `start` below resets the state)."""
         t0 = time.perf_counter()
-        dit_model, vae_model = build_modules(dit, vae, seed)
+        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8)
         # Unrolled layers serve faster but compile slower: worth it for converted weights only
         # (the tiny random model's short rollout is dominated by compile time).
         sess = StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
@@ -231,7 +235,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                         states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
     summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
-               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
+               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)", "dit_fp8": fp8,
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
                "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
                "layout": "side_by_side.mp4 = generated | ground truth | skeleton"}
@@ -264,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resolution", default=(96, 160), type=_height_width, help="--world sim: HxW, multiples of 32")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
+    p.add_argument("--fp8", action="store_true",
+                   help="serve the DiT with FP8 block linears (H200: 32 → 36 FPS streaming; docs/PERFORMANCE.md)")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="persistent XLA compilation cache: later runs skip compiling (rynn_jax.compile_cache)")
     a = p.parse_args(argv)
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.world == "sim":
         height, width = a.resolution
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
-                          episode_frames=a.episode_frames, dit=a.dit, vae=a.vae)
+                          episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8)
         print(json.dumps(summary, indent=1))
         print(f"outputs in {os.path.abspath(a.out)}:\n"
               "  side_by_side.mp4  generated | ground truth | skeleton\n"
@@ -281,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
               "  summary.json")
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
-                  dit=a.dit, vae=a.vae, text=a.text)
+                  dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8)
     print(json.dumps(summary, indent=1))
     print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} and episode.npz (frames + 54-D actions)")
 

@@ -33,8 +33,8 @@ from rynn_jax.diffusion import samplers
 from rynn_jax.diffusion.schedules import flow_sigmas, flow_timesteps
 from rynn_jax.models import causal
 from rynn_jax.models import vae as vae_lib
-from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
-from rynn_jax.models.fp8 import FP8_COMPILER_OPTIONS
+from rynn_jax.models.dit import WanDiT, unrolled
+from rynn_jax.models.fp8 import compiler_options
 from rynn_jax.models.vae import WanVAE
 
 State = dict[str, Any]  # plain dicts of arrays: jit/export friendly
@@ -126,12 +126,6 @@ def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n:
 # --------------------------------------------------------------------------------------------------
 # Latent level: jitted, checked
 # --------------------------------------------------------------------------------------------------
-
-
-def compiler_options(cfg: WanDiTConfig) -> dict | None:
-    """XLA options for programs that run this DiT: an FP8 model on GPU compiles its GEMMs for
-    cuBLASLt instead of autotuning a Triton kernel per layer (fp8.FP8_COMPILER_OPTIONS)."""
-    return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 
 
 class CausalStudent:

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from rynn_jax.diffusion import samplers
+from rynn_jax.models import fp8
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.dit import WanDiT
 from rynn_jax.models.vae import WanVAE
@@ -51,8 +52,9 @@ class WorldModel:
 
     def sample_latents(self, key: jax.Array, image_latent_b1hwc: jax.Array, control_bthwc: jax.Array,
                        context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
-        return _sample(self._dit_graph, self._dit_state, key, image_latent_b1hwc, control_bthwc,
-                       context_bsk, sampling)
+        sample = _sample_fp8 if fp8.compiler_options(self.dit_cfg) else _sample
+        return sample(self._dit_graph, self._dit_state, key, image_latent_b1hwc, control_bthwc,
+                      context_bsk, sampling)
 
     def generate(self, key: jax.Array, reference_hw3: np.ndarray, skeleton_thw3: np.ndarray,
                  context_sk: np.ndarray, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
@@ -78,8 +80,7 @@ def _decode(graph: nnx.GraphDef, state: nnx.State, latents_bthwc: jax.Array) -> 
     return vae_lib.decode(graph, state, latents_bthwc)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
-def _sample(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_latent_b1hwc: jax.Array,
+def _sample_impl(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_latent_b1hwc: jax.Array,
             control_bthwc: jax.Array, context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
     dit = nnx.merge(graph, state)
 
@@ -95,6 +96,10 @@ def _sample(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_latent_
     return samplers.sample(key, velocity_fn, control_bthwc.shape[:4] + (dit.cfg.in_channels,),
                            solver=sampling.solver, num_steps=sampling.num_steps, shift=sampling.shift,
                            first_frame_latent=image_latent_b1hwc)
+
+
+_sample = jax.jit(_sample_impl, static_argnums=(0, 6))
+_sample_fp8 = jax.jit(_sample_impl, static_argnums=(0, 6), compiler_options=fp8.FP8_COMPILER_OPTIONS)
 
 
 def to_model_range(frames_uint8: np.ndarray) -> jax.Array:
