@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import os
 import re
@@ -201,9 +202,12 @@ def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
     return rows
 
 
-def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int]) -> dict:
+def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: bool = False) -> dict:
+    """Per-kernel breakdown of the DiT forward per scan_unroll; `fp8`: each variant also quantized
+    (fp8.quantize_dit, compiled with its XLA options) to split GEMM from quantization time."""
     from flax import nnx
 
+    from rynn_jax.models import fp8 as fp8_lib
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
 
     out = {}
@@ -235,6 +239,20 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int]) -> dict:
         name = f"dit {frames * h * w // 4} tokens, scan_unroll={unroll}"
         _print(name, res)
         out[name] = res
+        if fp8:
+            graphdef_q, state_q = nnx.split(fp8_lib.quantize_dit(nnx.merge(graphdef, state)))
+            t0 = time.perf_counter()
+            fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx)).lower(
+                state_q, z, t, ctx).compile(fp8_lib.compiler_options(dataclasses.replace(cfg, fp8=True)))
+            out_q = fwd_q(state_q, z, t, ctx).block_until_ready()
+            compile_q_s = time.perf_counter() - t0
+            res_q = kernel_breakdown(lambda: fwd_q(state_q, z, t, ctx), iters)
+            res_q["compile_s"] = compile_q_s
+            res_q["rel_l2_vs_float"] = float(jnp.linalg.norm((out_q - ref).astype(jnp.float32))
+                                            / jnp.linalg.norm(ref.astype(jnp.float32)))
+            _print(name + ", fp8", res_q)
+            out[name + ", fp8"] = res_q
+            del state_q
         del state
     out.pop("outputs")
     return out
@@ -289,6 +307,7 @@ def main() -> None:
     p.add_argument("--conv-impls", nargs="+", default=None, help="VAE conv_impl variants (default: all)")
     p.add_argument("--static-branch", action="store_true",
                    help="VAE: also time the later-chunk branch alone (first=False), next to the lax.cond")
+    p.add_argument("--fp8", action="store_true", help="dit: also profile the FP8 model (fp8.quantize_dit)")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--out", default="bench/results/profile.json")
@@ -302,7 +321,7 @@ def main() -> None:
     if "conv" in a.targets:
         result["conv"] = target_conv(a.tiny, a.iters, a.fp8_conv)
     if "dit" in a.targets:
-        result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll)
+        result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll, a.fp8)
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
