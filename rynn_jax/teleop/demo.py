@@ -153,7 +153,8 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     bar.close()
     summary = {
         "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
-        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)", "dit_fp8": fp8,
+        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
+        "dit_fp8": fp8,
         "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
         "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
         "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
@@ -235,7 +236,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                         states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
     summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
-               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)", "dit_fp8": fp8,
+               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
+               "dit_fp8": fp8,
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
                "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
                "layout": "side_by_side.mp4 = generated | ground truth | skeleton"}

@@ -81,7 +81,7 @@ def _decode(graph: nnx.GraphDef, state: nnx.State, latents_bthwc: jax.Array) -> 
 
 
 def _sample_impl(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_latent_b1hwc: jax.Array,
-            control_bthwc: jax.Array, context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
+                 control_bthwc: jax.Array, context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
     dit = nnx.merge(graph, state)
 
     def model_fn(x, t_bf, ctx):
@@ -98,6 +98,7 @@ def _sample_impl(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, image_la
                            first_frame_latent=image_latent_b1hwc)
 
 
+# Weights are arguments here too; the FP8 variant compiles its GEMMs for cuBLASLt (fp8.compiler_options).
 _sample = jax.jit(_sample_impl, static_argnums=(0, 6))
 _sample_fp8 = jax.jit(_sample_impl, static_argnums=(0, 6), compiler_options=fp8.FP8_COMPILER_OPTIONS)
 
