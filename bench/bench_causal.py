@@ -2,6 +2,7 @@
 
     python bench/bench_causal.py --out bench/results/causal_h200.json          # 5B, 480×832, bf16
     python bench/bench_causal.py --tiny --layers 1 --out /tmp/causal_cpu.json  # CPU smoke check
+    python bench/bench_causal.py --fp8 --chunks 2 --rolling-blocks 4           # FP8 block linears
 
 Full Wan2.2-TI2V-5B config (random weights, bf16, cuDNN attention on GPU) at 480×832 → 30×52 latent
 → 390 tokens per latent frame, 3 latent frames (12 video frames) per block, text context 512. One
@@ -13,6 +14,7 @@ model pass against a full cache. Prints the AOT memory analysis, a table and JSO
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,6 +40,7 @@ def main() -> None:
                    "path unrolls it, see dit.unrolled)")
     p.add_argument("--chunks", type=int, default=3, help="timed chunks (the first one is warm-up)")
     p.add_argument("--rolling-blocks", type=int, default=10)
+    p.add_argument("--fp8", action="store_true", help="FP8 block linears (fp8.quantize_dit of the same weights)")
     p.add_argument("--out", default="bench/results/causal.json")
     a = p.parse_args()
 
@@ -46,7 +49,7 @@ def main() -> None:
     from flax import nnx
 
     from rynn_jax import export
-    from rynn_jax.models import causal
+    from rynn_jax.models import causal, fp8
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
     from rynn_jax.teleop import streaming
 
@@ -68,6 +71,10 @@ def main() -> None:
     with nnx.use_eager_sharding(False):
         graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
         params = jax.jit(lambda: nnx.state(WanDiT(cfg, rngs=nnx.Rngs(0))))()
+    if a.fp8:
+        graphdef, params = nnx.split(fp8.quantize_dit(nnx.merge(graphdef, params)))
+        cfg = dataclasses.replace(cfg, fp8=True)
+    opts = fp8.compiler_options(cfg)
     key = jax.random.key(0)
     ref = jax.random.normal(key, (b, 1, *hw, cfg.in_channels), jnp.float32)
     ctx = jax.random.normal(key, (b, text_len, cfg.text_dim), jnp.float32)
@@ -75,16 +82,16 @@ def main() -> None:
     rng = jax.random.key_data(key)
     print(f"backend {jax.default_backend()}, {jax.devices()[0].device_kind}; layers {cfg.num_layers}, "
           f"dim {cfg.dim}, {tokens} tokens/frame, {fpb} frames/block, batch {b}, {a.steps} steps ({a.solver}), "
-          f"dtype {cfg.dtype}", flush=True)
+          f"dtype {cfg.dtype}{', FP8 block linears' if cfg.fp8 else ''}", flush=True)
 
     rows, results, checks = [], {}, Checks()
     for policy in ("full", "rolling"):
         ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window, policy=policy)
-        start = jax.jit(streaming.make_start(graphdef, ccfg))
+        start = jax.jit(streaming.make_start(graphdef, ccfg), compiler_options=opts)
         state = start(params, ref, ctx)
         t0 = time.perf_counter()
         step = export.compile_aot(streaming.make_step(graphdef, ccfg, scfg), params, state, control, rng,
-                                  donate_argnums=(1,), name=f"step/{policy}")
+                                  donate_argnums=(1,), name=f"step/{policy}", compiler_options=opts)
         results[f"compile_s/{policy}"] = time.perf_counter() - t0
         anchor = jax.jit(streaming.anchor_state, donate_argnums=0)
 
@@ -123,12 +130,12 @@ def main() -> None:
 
     # One model pass of a block against a full cache (what each of the steps + 1 costs).
     ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window)
-    state = jax.jit(streaming.make_start(graphdef, ccfg))(params, ref, ctx)
+    state = jax.jit(streaming.make_start(graphdef, ccfg), compiler_options=opts)(params, ref, ctx)
     cache = {**state["cache"], "frames": jnp.int32(ccfg.cache_frames - fpb)}
     z = jax.random.normal(key, (b, fpb, *hw, cfg.in_channels), jnp.float32)
     t_bf = jnp.full((b, fpb), 937.0)
     one_pass = jax.jit(lambda p, cache: causal.forward_block(nnx.merge(graphdef, p), cache, ccfg, z, t_bf, control,
-                                                             write=False)[0])
+                                                             write=False)[0], compiler_options=opts)
     one_pass(params, cache).block_until_ready()
     ts = []
     for _ in range(10):
@@ -148,7 +155,7 @@ def main() -> None:
           f"compile {results['compile_s/full']:.1f} s")
     out = dict(rows=rows, **results, checks=checks.rows, argv=sys.argv[1:], backend=jax.default_backend(),
                device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
-               frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype)
+               frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype, fp8=cfg.fp8)
     print("JSON " + json.dumps(out))
     write_json(a.out, out)
     checks.exit_if_failed()

@@ -30,16 +30,17 @@ import numpy as np
 
 
 def compile_aot(fn: Callable, *args: Any, in_shardings: Any = None, out_shardings: Any = None,
-                donate_argnums: Sequence[int] = (), name: str = "step", verbose: bool = True
-                ) -> jax.stages.Compiled:
-    """`jit(fn).lower(*args).compile()` for the given (abstract or concrete) arguments; prints the
-    compiled memory analysis. Shardings as in `jax.jit` (None: let the compiler choose)."""
+                donate_argnums: Sequence[int] = (), name: str = "step", verbose: bool = True,
+                compiler_options: dict | None = None) -> jax.stages.Compiled:
+    """`jit(fn).lower(*args).compile(compiler_options)` for the given (abstract or concrete)
+    arguments; prints the compiled memory analysis. Shardings as in `jax.jit` (None: let the
+    compiler choose); `compiler_options`: XLA options (e.g. `fp8.compiler_options(cfg)`)."""
     kw = {}
     if in_shardings is not None:
         kw["in_shardings"] = in_shardings
     if out_shardings is not None:
         kw["out_shardings"] = out_shardings
-    compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums), **kw).lower(*args).compile()
+    compiled = jax.jit(fn, donate_argnums=tuple(donate_argnums), **kw).lower(*args).compile(compiler_options)
     if verbose:
         print(format_memory(compiled, name))
     return compiled

@@ -57,3 +57,26 @@ def test_profile_ops_fp8_probes(tmp_path):
     dit = json.loads(out.read_text())["dit"]
     q = dit["dit 18 tokens, scan_unroll=2, fp8"]
     assert q["busy_ms"] > 0 and 1e-3 < q["rel_l2_vs_float"] < 1e-1, q
+
+
+def test_fp8_causal_and_streaming_benches(tmp_path):
+    """bench_causal / bench_stream --fp8 on the tiny models: the quantized DiT streams, the benches'
+    output checks pass and the JSON says FP8; the derived columns agree with the timed ones."""
+    causal_out, stream_out = tmp_path / "causal.json", tmp_path / "stream.json"
+    runs = [["bench/bench_causal.py", "--tiny", "--layers", "1", "--fp8", "--chunks", "2", "--rolling-blocks", "2",
+             "--out", str(causal_out)],
+            ["bench/bench_stream.py", "--tiny", "--height", "64", "--width", "64", "--fp8", "--chunks", "2",
+             "--warm-chunks", "1", "--out", str(stream_out)]]
+    for argv in runs:
+        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    causal = json.loads(causal_out.read_text())
+    assert causal["fp8"] and causal["checks"] and all(c["ok"] for c in causal["checks"])
+    full = [r for r in causal["rows"] if r["policy"] == "full"]
+    assert [r["block"] for r in full] == list(range(7))  # 21-frame cache / 3-frame blocks
+    for r in causal["rows"]:
+        assert abs(r["ms_per_video_frame"] * 4 * causal["frames_per_block"] - r["median_ms"]) < 1e-6 * r["median_ms"]
+    stream = json.loads(stream_out.read_text())
+    assert stream["fp8_dit"] and stream["checks"] and all(c["ok"] for c in stream["checks"])
+    res = stream["results"][0]
+    assert res["batch"] == 1 and abs(res["steady_fps"] * res["steady_ms_per_frame"] - 1000.0) < 1e-6
