@@ -25,7 +25,7 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay)
+                        weight_decay=cfg.weight_decay, mu_dtype=jnp.dtype(cfg.mu_dtype))
     if cfg.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
     return adamw
