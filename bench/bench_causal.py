@@ -14,7 +14,6 @@ model pass against a full cache. Prints the AOT memory analysis, a table and JSO
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -72,8 +71,10 @@ def main() -> None:
         graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
         params = jax.jit(lambda: nnx.state(WanDiT(cfg, rngs=nnx.Rngs(0))))()
     if a.fp8:
-        graphdef, params = nnx.split(fp8.quantize_dit(nnx.merge(graphdef, params)))
-        cfg = dataclasses.replace(cfg, fp8=True)
+        model_q = fp8.quantize_dit(nnx.merge(graphdef, params))
+        cfg = model_q.cfg
+        graphdef, params = nnx.split(model_q)
+        del model_q
     opts = fp8.compiler_options(cfg)
     key = jax.random.key(0)
     ref = jax.random.normal(key, (b, 1, *hw, cfg.in_channels), jnp.float32)

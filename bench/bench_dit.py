@@ -67,7 +67,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
     from flax import nnx
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
-    from rynn_jax.models.fp8 import FP8_COMPILER_OPTIONS, quantize_dit
+    from rynn_jax.models.fp8 import compiler_options, quantize_dit
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
@@ -92,7 +92,10 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             return nnx.merge(graphdef, state)(z, t, ctx)
 
         if fp8:  # the same weights, block linears quantized to FP8 (serving path)
-            graphdef_q, state_q = nnx.split(quantize_dit(nnx.merge(graphdef, state)))
+            model_q = quantize_dit(nnx.merge(graphdef, state))
+            opts_q = compiler_options(model_q.cfg)
+            graphdef_q, state_q = nnx.split(model_q)
+            del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
 
         for f in frames:
@@ -117,7 +120,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             if fp8:
                 name_q = f"{name[:-1]}, fp8)"
                 t0 = time.perf_counter()
-                compiled = fwd_q.lower(state_q, z, t, ctx).compile(FP8_COMPILER_OPTIONS if gpu else None)
+                compiled = fwd_q.lower(state_q, z, t, ctx).compile(opts_q)
                 out_q = compiled(state_q, z, t, ctx).block_until_ready()
                 compile_s = time.perf_counter() - t0
                 times = time_ms(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
