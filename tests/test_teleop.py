@@ -65,7 +65,7 @@ def test_generate_is_deterministic_and_shaped(world_model):
         world_model.generate(jax.random.key(0), ref[:16], skel, ctx, sampling)
 
 
-def test_fp8_world_model_close_to_float_and_compiled_with_fp8_options(world_model, monkeypatch):
+def test_fp8_world_model_close_to_float_and_compiled_with_fp8_options(monkeypatch):
     """`serve.py demo --fp8`: the quantized DiT generates frames close to the float model's, and its
     sampler is the program compiled with the FP8 XLA options (forced here: on CPU they are off)."""
     from rynn_jax.models import fp8
