@@ -15,11 +15,14 @@ STAGE1_MIX = dict(sources={"egodex": EGODEX, "vitra": VITRA}, weights={"egodex":
 
 
 def model(control: str = "add") -> WanDiTConfig:
-    # bf16 matmuls/attention, fp32 master weights. Remat per block keeping the matmul outputs
-    # ("save_dots"; norms, attention and GELU are recomputed): on H200s (bench/sharding_sweep.py,
-    # 8190-token clips) MFU 31.9 → 34.6% on one GPU (peak 105 → 123 GB) and 36.9 → 40.7% with
-    # fsdp=2 (60 → 77 GB per GPU) against "full". On 80 GB GPUs: --set model.remat=full.
-    return WanDiTConfig.ti2v_5b(dtype="bfloat16", param_dtype="float32", remat="save_dots", control=control)
+    # bf16 matmuls/attention, fp32 master weights. Measured on H200s (bench/sharding_sweep.py,
+    # 8190-token clips, docs/SHARDING.md §4), one GPU: MFU 35.8% → 41.4% from padding the tokens
+    # to 8192 (token_multiple: cuBLAS runs the weight-gradient GEMMs on slow sm80 kernels when
+    # they contract over 8190 tokens), → 43.9% from remat "save_dots_attn" (each block keeps its
+    # matmul outputs and cuDNN attention outputs; norms and GELU are recomputed; peak 126 GB);
+    # two GPUs, fsdp=2: 43.4%. On 80 GB GPUs: --set model.remat=full.
+    return WanDiTConfig.ti2v_5b(dtype="bfloat16", param_dtype="float32", remat="save_dots_attn",
+                                token_multiple=16, control=control)
 
 
 def config(*, control: str, lora_rank: int, lr: float, total_steps: int, sources: dict[str, str],

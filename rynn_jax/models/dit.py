@@ -55,6 +55,11 @@ class WanDiTConfig:
     # Blocks per iteration of the layer scan. num_layers unrolls it fully: no device loop, and XLA
     # sees each layer's weights as a static slice (an inference knob; compiles num_layers blocks).
     scan_unroll: int = 1
+    # The plain forward pads the token sequence at its tail to a multiple of this (pads are masked
+    # out of self-attention keys and dropped before the head, so outputs are unchanged). On H200,
+    # cuBLAS falls back to slow sm80 kernels for weight-gradient GEMMs that contract over a token
+    # count that is not a multiple of 8, e.g. 8190 = 21 × 390 (bench/results: 5B step 0.90 → 0.8x s).
+    token_multiple: int = 1
     # Action control (RynnWorld-Teleop, see models/control.py); "none" is the plain Wan2.2 model.
     control: Literal["none", "add", "concat"] = "none"
     control_channels: int = 48  # channels of the skeleton video's VAE latent
@@ -64,6 +69,10 @@ class WanDiTConfig:
     control_prior_std: float = 0.8  # σ_z likewise
     # Serving: block linears as FP8 e4m3 GEMMs, per-channel weight/per-token activation scales (fp8.quantize_dit).
     fp8: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token_multiple < 1:
+            raise ValueError(f"token_multiple must be ≥ 1, got {self.token_multiple}")
 
     @property
     def head_dim(self) -> int:
@@ -114,6 +123,14 @@ def _attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
 def modulate(x_bfsd: jax.Array, shift_bfd: jax.Array, scale_bfd: jax.Array) -> jax.Array:
     """x·(1+scale)+shift with per-frame (B, F, D) modulation broadcast over the frame's S tokens."""
     return x_bfsd * (1.0 + scale_bfd[:, :, None]) + shift_bfd[:, :, None]
+
+
+def frames_to_tokens(a_bfd: jax.Array, tokens_per_frame: int, pad: int) -> jax.Array:
+    """Per-frame values (B, F, D) repeated over each frame's tokens, then `pad` zero rows: (B, F·S + pad, D).
+    A broadcast XLA fuses into its consumer, not a materialised array."""
+    b, f, d = a_bfd.shape
+    a_bld = jnp.broadcast_to(a_bfd[:, :, None], (b, f, tokens_per_frame, d)).reshape(b, f * tokens_per_frame, d)
+    return jnp.pad(a_bld, ((0, 0), (0, pad), (0, 0)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -169,10 +186,11 @@ class WanAttention(nnx.Module):
         return self.o(out_blnh.reshape(*out_blnh.shape[:2], cfg.dim))
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
-                 rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                 rope_cs: tuple[jax.Array, jax.Array] | None = None, kv_len_b: jax.Array | None = None
+                 ) -> jax.Array:
         q_blnh = self.query(x_bld, rope_cs)
         k_bsnh, v_bsnh = self.key_value(x_bld if ctx_bsd is None else ctx_bsd, rope_cs)
-        return self.attend(q_blnh, k_bsnh, v_bsnh)
+        return self.attend(q_blnh, k_bsnh, v_bsnh, kv_len_b=kv_len_b)
 
 
 class WanBlock(nnx.Module):
@@ -193,26 +211,36 @@ class WanBlock(nnx.Module):
                                  ("modulation", "embed"))
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
-                 rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
-        return self.forward(x_bld, ctx_bsd, tproj_bf6d, num_frames,
-                            self_attention=lambda attn, h: (attn(h, rope_cs=rope_cs), None))[0]
+                 rope_cs: tuple[jax.Array, jax.Array], num_frames: int, pad: int = 0) -> jax.Array:
+        """`pad` tail tokens (see WanDiTConfig.token_multiple) are kept out of every real token's
+        self-attention."""
+        kv_len_b = None if pad == 0 else jnp.full((x_bld.shape[0],), x_bld.shape[1] - pad, jnp.int32)
+        return self.forward(x_bld, ctx_bsd, tproj_bf6d, num_frames, pad=pad,
+                            self_attention=lambda attn, h: (attn(h, rope_cs=rope_cs, kv_len_b=kv_len_b), None))[0]
 
     def forward(self, x_bld: jax.Array, ctx_bsd: jax.Array | None, tproj_bf6d: jax.Array, num_frames: int,
                 *, self_attention: Callable[[WanAttention, jax.Array], tuple[jax.Array, Any]],
-                cross_kv: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, Any]:
+                cross_kv: tuple[jax.Array, jax.Array] | None = None, pad: int = 0) -> tuple[jax.Array, Any]:
         """The block with a pluggable self-attention `(attn, h_bld) -> (out_bld, aux)` (the causal
         student attends over its KV cache and returns the new K/V as aux) and optionally
-        precomputed text K/V. Returns (x, aux)."""
+        precomputed text K/V. The last `pad` tokens belong to no frame (they get zero modulation).
+        Returns (x, aux)."""
         cfg = self.cfg
         b, l, d = x_bld.shape
         mod = self.modulation[...].astype(jnp.float32)[None, None] + tproj_bf6d  # (B, F, 6, D)
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = jnp.moveaxis(mod, 2, 0)
-        as_frames = lambda a: a.reshape(b, num_frames, l // num_frames, d)  # noqa: E731
-        as_tokens = lambda a: a.reshape(b, l, d)  # noqa: E731
+        if pad == 0:  # per-frame modulation as a reshape of the tokens into frames
+            as_frames = lambda a: a.reshape(b, num_frames, l // num_frames, d)  # noqa: E731
+            modulated = lambda h, shift, scale: modulate(as_frames(h), shift, scale).reshape(b, l, d)  # noqa: E731
+            gated = lambda h, gate: (as_frames(h) * gate[:, :, None]).reshape(b, l, d)  # noqa: E731
+        else:  # the frame reshape would cut across the pads: broadcast the (B, F, D) terms instead
+            per_token = lambda a: frames_to_tokens(a, (l - pad) // num_frames, pad)  # noqa: E731
+            modulated = lambda h, shift, scale: h * (1.0 + per_token(scale)) + per_token(shift)  # noqa: E731
+            gated = lambda h, gate: h * per_token(gate)  # noqa: E731
 
-        h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_a, scale_a)
-        h, aux = self_attention(self.self_attn, as_tokens(h))
-        x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_a[:, :, None])
+        h = modulated(layer_norm(x_bld, cfg.eps), shift_a, scale_a)
+        h, aux = self_attention(self.self_attn, h)
+        x_bld = x_bld + gated(h.astype(jnp.float32), gate_a)
 
         h = layer_norm(x_bld, cfg.eps) * self.norm_cross_scale[...].astype(jnp.float32) \
             + self.norm_cross_bias[...].astype(jnp.float32)
@@ -222,11 +250,11 @@ class WanBlock(nnx.Module):
             h = self.cross_attn.attend(self.cross_attn.query(h), *cross_kv)
         x_bld = x_bld + h.astype(jnp.float32)
 
-        h = modulate(as_frames(layer_norm(x_bld, cfg.eps)), shift_f, scale_f)
-        h = self.ffn_up(as_tokens(h).astype(jnp.dtype(cfg.dtype)))
+        h = modulated(layer_norm(x_bld, cfg.eps), shift_f, scale_f)
+        h = self.ffn_up(h.astype(jnp.dtype(cfg.dtype)))
         h = constrain(h, ("act_batch", "act_len", "act_mlp"))
         h = self.ffn_down(jax.nn.gelu(h, approximate=True))
-        x_bld = x_bld + as_tokens(as_frames(h.astype(jnp.float32)) * gate_f[:, :, None])
+        x_bld = x_bld + gated(h.astype(jnp.float32), gate_f)
         return constrain(x_bld, ("act_batch", "act_len", "act_embed")), aux
 
 
@@ -306,10 +334,10 @@ class WanDiT(nnx.Module):
         return temb, tproj.reshape(*tproj.shape[:-1], 6, cfg.dim)
 
     def run_blocks(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
-                   rope_cs: tuple[jax.Array, jax.Array], num_frames: int) -> jax.Array:
+                   rope_cs: tuple[jax.Array, jax.Array], num_frames: int, pad: int = 0) -> jax.Array:
         """All blocks with one `lax.scan` over the stacked layer axis (compiles one block, not 30)."""
         return self.scan_blocks(
-            lambda block, x, _: (block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames), None), x_bld)[0]
+            lambda block, x, _: (block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames, pad), None), x_bld)[0]
 
     def scan_blocks(self, layer_fn: Callable[[WanBlock, jax.Array, Any], tuple[jax.Array, Any]],
                     x_bld: jax.Array, layer_xs: Any = None) -> tuple[jax.Array, Any]:
@@ -364,9 +392,14 @@ class WanDiT(nnx.Module):
             raise ValueError("a control latent was given but cfg.control is 'none'")
         ctx_bsd = self.embed_text(ctx_bsk)
         temb, tproj = self.embed_time(t_bf)
-        rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
-        x_bld = self.run_blocks(x_bld, ctx_bsd, tproj, rope_cs, grid[0])
-        return self.project_out(x_bld, temb, grid)
+        cos, sin = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
+        l = x_bld.shape[1]
+        pad = -l % cfg.token_multiple
+        if pad:  # pads: zero tokens, identity rotation; masked as keys, dropped before the head
+            x_bld = jnp.pad(x_bld, ((0, 0), (0, pad), (0, 0)))
+            cos, sin = jnp.pad(cos, ((0, pad), (0, 0)), constant_values=1.0), jnp.pad(sin, ((0, pad), (0, 0)))
+        x_bld = self.run_blocks(x_bld, ctx_bsd, tproj, (cos, sin), grid[0], pad)
+        return self.project_out(x_bld[:, :l], temb, grid)
 
 
 def token_grid(shape_bthwc: tuple[int, ...], cfg: WanDiTConfig) -> tuple[int, int, int]:
