@@ -40,6 +40,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=3, help="timed chunks (the first one is warm-up)")
     p.add_argument("--rolling-blocks", type=int, default=10)
     p.add_argument("--fp8", action="store_true", help="FP8 block linears (fp8.quantize_dit of the same weights)")
+    p.add_argument("--token-multiple", type=int, default=1,
+                   help="WanDiTConfig.token_multiple (16: a 1170-token block runs as 1184)")
     p.add_argument("--out", default="bench/results/causal.json")
     a = p.parse_args()
 
@@ -49,14 +51,12 @@ def main() -> None:
 
     from rynn_jax import export
     from rynn_jax.models import causal, fp8
-    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
     from rynn_jax.teleop import streaming
 
-    overrides = dict(attention=a.attention)
+    overrides = dict(attention=a.attention, token_multiple=a.token_multiple)
     if a.layers:
         overrides["num_layers"] = a.layers
-    if not a.no_unroll:
-        overrides["scan_unroll"] = a.layers or (2 if a.tiny else 30)
     if a.tiny:
         cfg = WanDiTConfig.tiny(control="add", **overrides)
         hw, text_len = (4, 6), cfg.text_len
@@ -75,6 +75,8 @@ def main() -> None:
         cfg = model_q.cfg
         graphdef, params = nnx.split(model_q)
         del model_q
+    if not a.no_unroll:  # the serving layout (dit.unrolled: per-layer weights, no layer scan)
+        graphdef, params = nnx.split(unrolled(nnx.merge(graphdef, params)))
     opts = fp8.compiler_options(cfg)
     key = jax.random.key(0)
     ref = jax.random.normal(key, (b, 1, *hw, cfg.in_channels), jnp.float32)
@@ -156,7 +158,7 @@ def main() -> None:
           f"compile {results['compile_s/full']:.1f} s")
     out = dict(rows=rows, **results, checks=checks.rows, argv=sys.argv[1:], backend=jax.default_backend(),
                device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
-               frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype, fp8=cfg.fp8)
+               frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype, fp8=cfg.fp8, token_multiple=cfg.token_multiple)
     print("JSON " + json.dumps(out))
     write_json(a.out, out)
     checks.exit_if_failed()

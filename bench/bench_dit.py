@@ -10,8 +10,9 @@ text context 512) with cuDNN and XLA attention, the layer scan rolled (training)
 `--fp8` also times, for each JAX configuration, the same weights quantized for the FP8 serving path
 (`rynn_jax.models.fp8.quantize_dit`: block linears as float8_e4m3fn GEMMs), checks its output
 against the bf16 one, counts the GEMM kinds in its compiled HLO (`hlo_gemms` in the row: on an
-H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`) and writes that HLO next to
-the JSON (`<out>.fp8.<attention>.u<unroll>.hlo.txt`) for a look at any weight transposes.
+H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`). The compiled HLO of every
+variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token multiple>[.<layout>].hlo.txt`).
+`--token-multiple 1 16` also times the model with its tokens padded (WanDiTConfig.token_multiple).
 """
 
 from __future__ import annotations
@@ -61,19 +62,21 @@ def _hlo_gemms(hlo_text: str) -> dict:
 
 
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
-              attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None) -> list[dict]:
+              attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None,
+              token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",)) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
     from rynn_jax.models.fp8 import compiler_options, quantize_dit
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
-    variants = [(att, u) for att in attentions if gpu or att == "xla" for u in unrolls]
-    for attention, unroll in variants:
-        overrides = dict(dtype="bfloat16", param_dtype="bfloat16", attention=attention)
+    variants = [(att, u, m, lay) for att in attentions if gpu or att == "xla" for u in unrolls
+                for m in token_multiples for lay in (layouts if u >= (layers or 30) else ("stacked",))]
+    for attention, unroll, multiple, layout in variants:
+        overrides = dict(dtype="bfloat16", param_dtype="bfloat16", attention=attention, token_multiple=multiple)
         if layers:
             overrides["num_layers"] = layers
         cfg = WanDiTConfig.ti2v_5b(**overrides)
@@ -87,16 +90,20 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
 
             state = init()
 
-        @jax.jit
-        def fwd(state, z, t, ctx):
-            return nnx.merge(graphdef, state)(z, t, ctx)
-
         if fp8:  # the same weights, block linears quantized to FP8 (serving path)
             model_q = quantize_dit(nnx.merge(graphdef, state))
+            if layout == "per_layer":
+                model_q = unrolled(model_q)
             opts_q = compiler_options(model_q.cfg)
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
+        if layout == "per_layer":  # the serving layout: per-layer weights (dit.unrolled)
+            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state)))
+
+        @jax.jit
+        def fwd(state, z, t, ctx):
+            return nnx.merge(graphdef, state)(z, t, ctx)
 
         for f in frames:
             key = jax.random.key(f)
@@ -104,10 +111,18 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             t = jnp.concatenate([jnp.zeros((1, 1)), jnp.full((1, f - 1), 700.0)], axis=1)
             ctx = jax.random.normal(key, (1, 512, 4096), jnp.bfloat16)
             t0 = time.perf_counter()
-            out = fwd(state, z, t, ctx).block_until_ready()
+            compiled_f = fwd.lower(state, z, t, ctx).compile()
+            out = compiled_f(state, z, t, ctx).block_until_ready()
             compile_s = time.perf_counter() - t0
-            times = time_ms(lambda: fwd(state, z, t, ctx).block_until_ready(), 3, iters)
-            name = f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''})"
+            times = time_ms(lambda: compiled_f(state, z, t, ctx).block_until_ready(), 3, iters)
+            if hlo_prefix and f == frames[0]:
+                os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
+                with open(f"{hlo_prefix}.bf16.{attention}.u{cfg.scan_unroll}.m{multiple}.{layout}.hlo.txt", "w") as fh:
+                    fh.write(compiled_f.as_text() or "")
+            del compiled_f
+            name = (f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''}"
+                    f"{', stacked weights' if cfg.scan_unroll > 1 and layout == 'stacked' else ''}"
+                    f"{f', tokens padded to ×{multiple}' if multiple > 1 else ''})")
             if checks is not None:  # same seed, same params: every variant must agree with the first
                 checks.finite(f"{name}, {f} frames", out)
                 if f in first_out:
@@ -127,7 +142,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 hlo = compiled.as_text() or ""
                 if hlo_prefix and f == frames[0]:
                     os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
-                    with open(f"{hlo_prefix}.fp8.{attention}.u{cfg.scan_unroll}.hlo.txt", "w") as fh:
+                    with open(f"{hlo_prefix}.fp8.{attention}.u{cfg.scan_unroll}.m{multiple}.{layout}.hlo.txt", "w") as fh:
                         fh.write(hlo)
                 if checks is not None:
                     checks.finite(f"{name_q}, {f} frames", out_q)
@@ -182,6 +197,11 @@ def main() -> None:
     p.add_argument("--torch", choices=["off", "eager", "compile"], default="eager")
     p.add_argument("--fp8", action="store_true",
                    help="also time each JAX configuration with FP8 block linears (fp8.quantize_dit)")
+    p.add_argument("--token-multiple", type=int, nargs="+", default=[1],
+                   help="WanDiTConfig.token_multiple variants (16: 1170 tokens run as 1184)")
+    p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=["per_layer", "stacked"],
+                   help="weights of a fully unrolled model: per-layer arrays (dit.unrolled, serving) or "
+                        "the stacked (layers, …) arrays sliced statically")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
     a = p.parse_args()
@@ -201,14 +221,15 @@ def main() -> None:
             print("torch reference skipped:", res.stderr.strip().splitlines()[-1:] or "no output")
     checks = Checks()
     rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks,
-                      fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0])
+                      fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0], token_multiples=tuple(a.token_multiple),
+                      layouts=tuple(a.layouts))
     import jax
 
     for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:
         check_slice(checks, attention, max(a.unroll))
-    print(f"\n{'impl':28s} {'frames':>6s} {'tokens':>6s} {'median ms':>10s} {'min ms':>8s}")
+    print(f"\n{'impl':56s} {'frames':>6s} {'tokens':>6s} {'median ms':>10s} {'min ms':>8s}")
     for r in rows:
-        print(f"{r['impl']:28s} {r['frames']:6d} {r['tokens']:6d} {r['median_ms']:10.2f} {r['min_ms']:8.2f}")
+        print(f"{r['impl']:56s} {r['frames']:6d} {r['tokens']:6d} {r['median_ms']:10.2f} {r['min_ms']:8.2f}")
     write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]))
     checks.exit_if_failed()
 

@@ -210,7 +210,7 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     from flax import nnx
 
     from rynn_jax.models import fp8 as fp8_lib
-    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+    from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
 
     out = {}
     for unroll in unrolls:
@@ -223,6 +223,9 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
         with nnx.use_eager_sharding(False):
             graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
             state = jax.jit(lambda: nnx.state(WanDiT(cfg, rngs=nnx.Rngs(0))))()
+        stacked = graphdef, state
+        if cfg.scan_unroll == cfg.num_layers:  # the serving layout: per-layer weights (dit.unrolled)
+            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state)))
         fwd = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef, s)(z, t, ctx))
         key = jax.random.key(0)
         z = jax.random.normal(key, (1, frames, h, w, cfg.in_channels), jnp.bfloat16)
@@ -242,7 +245,9 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
         _print(name, res)
         out[name] = res
         if fp8:
-            model_q = fp8_lib.quantize_dit(nnx.merge(graphdef, state))
+            model_q = fp8_lib.quantize_dit(nnx.merge(*stacked))
+            if cfg.scan_unroll == cfg.num_layers:
+                model_q = unrolled(model_q)
             opts_q = fp8_lib.compiler_options(model_q.cfg)
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
@@ -258,7 +263,7 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
             _print(name + ", fp8", res_q)
             out[name + ", fp8"] = res_q
             del state_q
-        del state
+        del state, stacked
     out.pop("outputs")
     return out
 

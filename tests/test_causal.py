@@ -45,10 +45,19 @@ def _jitted_block(model, ccfg, write):
     return lambda *a: fn(state, *a)
 
 
-def test_cached_rollout_equals_block_causal_forward(model):
+def _padded(model, token_multiple: int):
+    """The same weights in a model that pads its token sequence (WanDiTConfig.token_multiple)."""
+    m = init_dit(dataclasses.replace(model.cfg, token_multiple=token_multiple), seed=0)
+    nnx.update(m, nnx.state(model))
+    return m
+
+
+@pytest.mark.parametrize("token_multiple", [1, 16])
+def test_cached_rollout_equals_block_causal_forward(model, token_multiple):
     """Teacher forcing: noisy block i attends to the clean blocks < i and to itself. The rollout
     denoises block i against the cache (no write), then writes the clean block; one masked forward
-    of [clean; noisy] must give the same velocities."""
+    of [clean; noisy] must give the same velocities. With token_multiple=16 each 4-token block
+    runs padded to 16 tokens (12 pads that must neither be cached nor attended to)."""
     fpb, blocks, b = 2, 3, 2
     f = fpb * blocks
     rng = np.random.default_rng(1)
@@ -60,8 +69,9 @@ def test_cached_rollout_equals_block_causal_forward(model):
     ref = jax.jit(lambda *a: causal.block_causal_forward(model, *a[:4], frames_per_block=fpb, noisy_bthwc=a[4],
                                                          noisy_t_bf=a[5]))(clean, t_clean, ctx, control, noisy, t_noisy)
     ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=f - 1)
-    denoise, write = _jitted_block(model, ccfg, False), _jitted_block(model, ccfg, True)
-    cache = causal.init_cache(model, ccfg, ctx, LATENT_HW)
+    student = _padded(model, token_multiple) if token_multiple > 1 else model
+    denoise, write = _jitted_block(student, ccfg, False), _jitted_block(student, ccfg, True)
+    cache = causal.init_cache(student, ccfg, ctx, LATENT_HW)
     outs = []
     for i in range(blocks):
         blk = slice(i * fpb, (i + 1) * fpb)

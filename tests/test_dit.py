@@ -184,6 +184,23 @@ def test_token_padding_keeps_gradients_and_pads_every_block():
         WanDiTConfig.tiny(token_multiple=0)
 
 
+def test_unrolled_serving_layout_has_per_layer_weights():
+    """dit.unrolled: one module per layer (no stacked weights for XLA to slice and copy), same outputs."""
+    cfg = WanDiTConfig.tiny(num_layers=3)
+    model = init_dit(cfg, 0)
+    served = dit.unrolled(model)
+    assert isinstance(served.blocks, nnx.List) and len(served.blocks) == 3 and served.cfg.scan_unroll == 3
+    for i, block in enumerate(served.blocks):
+        np.testing.assert_array_equal(block.ffn_up.kernel[...], model.blocks.ffn_up.kernel[...][i])
+        assert block.self_attn.q.kernel[...].shape == (cfg.dim, cfg.dim)
+    assert dit.unrolled(served) is served
+    rng = np.random.default_rng(3)
+    z = jnp.asarray(rng.standard_normal((1, 2, 4, 6, cfg.in_channels)), jnp.float32)
+    t, ctx = jnp.asarray([[0.0, 700.0]]), jnp.asarray(rng.standard_normal((1, cfg.text_len, cfg.text_dim)), jnp.float32)
+    run = lambda m: jax.jit(lambda s: nnx.merge(nnx.graphdef(m), s)(z, t, ctx))(nnx.state(m))  # noqa: E731
+    np.testing.assert_allclose(run(served), run(model), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("remat, forwards", [("save_dots", 2), ("save_dots_attn", 1)])
 def test_save_dots_attn_skips_the_attention_recompute(remat, forwards, monkeypatch):
     """Traced (not run: no cuDNN here) gradient of a rematerialised cuDNN attention: "save_dots" runs

@@ -162,6 +162,12 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     a_last = a_f[-1]
     base = jnp.maximum(0, a_last - window)
     q_rope = frames_rope(a_f - base, grid[1:], model)
+    # Tail pads (cfg.token_multiple) ride along as queries only: put_block caches the first f·tokens
+    # K/V, and the kv_len mask already ends at the real tokens.
+    pad = -(f * tokens) % cfg.token_multiple
+    if pad:
+        x_bld = jnp.pad(x_bld, ((0, 0), (0, pad), (0, 0)))
+        q_rope = (jnp.pad(q_rope[0], ((0, pad), (0, 0)), constant_values=1.0), jnp.pad(q_rope[1], ((0, pad), (0, 0))))
     k_rope = frames_rope(slot_positions(a_last, window), grid[1:], model)
     start_f = frame_slots(a_f, window) * tokens
     kv_len_b = jnp.full((b,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)
@@ -184,11 +190,11 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
             return out, ((k_new, v_new) if write else None)
 
         return block.forward(x_bld, None, tproj_bf6d, f, self_attention=self_attention,
-                             cross_kv=(text_k, text_v))
+                             cross_kv=(text_k, text_v), pad=pad)
 
     xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
     x_bld, new_kv = model.scan_blocks(layer, x_bld, xs)
-    v_bfhwc = model.project_out(x_bld, temb_bfd, grid)
+    v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)
     if not write:
         return v_bfhwc, cache
     k_lbsnh, v_lbsnh = (jax.vmap(put_block)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), new_kv))

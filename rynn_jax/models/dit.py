@@ -341,22 +341,31 @@ class WanDiT(nnx.Module):
 
     def scan_blocks(self, layer_fn: Callable[[WanBlock, jax.Array, Any], tuple[jax.Array, Any]],
                     x_bld: jax.Array, layer_xs: Any = None) -> tuple[jax.Array, Any]:
-        """`layer_fn(block, x, xs_l) -> (x, ys_l)` scanned over the layers with per-layer inputs
-        `layer_xs` (leading layer axis) → (x, stacked ys).
+        """`layer_fn(block, x, xs_l) -> (x, ys_l)` over the layers with per-layer inputs `layer_xs`
+        (leading layer axis) → (x, stacked ys).
 
-        Plain `lax.scan` over the split block state, not `nnx.scan`: the model may itself be used
-        inside a caller's scan (the sampler's step loop, the causal rollout), where NNX transforms
-        refuse modules created at an outer trace level."""
+        Stacked blocks (training, checkpoints): plain `lax.scan` over the split block state, not
+        `nnx.scan`: the model may itself be used inside a caller's scan (the sampler's step loop, the
+        causal rollout), where NNX transforms refuse modules created at an outer trace level.
+        Per-layer blocks (`unrolled`, serving): a Python loop, one layer after another."""
         cfg = self.cfg
-        graphdef, state = nnx.split(self.blocks)
 
-        def body(x: jax.Array, inputs) -> tuple[jax.Array, Any]:
+        def body(x: jax.Array, inputs, graphdef) -> tuple[jax.Array, Any]:
             layer_state, xs_l = inputs
             return layer_fn(nnx.merge(graphdef, layer_state), x, xs_l)
 
         if cfg.remat != "none":
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-        return jax.lax.scan(body, x_bld, (state, layer_xs), unroll=cfg.scan_unroll)
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], static_argnums=(2,))
+        if isinstance(self.blocks, nnx.List):
+            ys = []
+            for i, block in enumerate(self.blocks):
+                graphdef, layer_state = nnx.split(block)
+                x_bld, y = body(x_bld, (layer_state, jax.tree.map(lambda a: a[i], layer_xs)), graphdef)
+                ys.append(y)
+            return x_bld, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+        graphdef, state = nnx.split(self.blocks)
+        return jax.lax.scan(lambda x, inputs: body(x, inputs, graphdef), x_bld, (state, layer_xs),
+                            unroll=cfg.scan_unroll)
 
     def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
         cfg = self.cfg
@@ -431,12 +440,31 @@ def abstract_dit(cfg: WanDiTConfig) -> WanDiT:
 
 
 def unrolled(model: WanDiT) -> WanDiT:
-    """The same parameters (shared, not copied) with the layer scan fully unrolled: for serving, where
-    nothing is differentiated. On an H200 the scanned 5B forward at 1170 tokens spends 7.5 of its
-    28.5 ms copying each layer's weights out of the stacked arrays; unrolled it takes 24.9 ms."""
+    """The serving layout: the layer scan fully unrolled and every block a module of its own
+    (`blocks` an nnx.List of per-layer weights instead of (num_layers, …) stacked arrays), for
+    serving, where nothing is differentiated. Copies the block weights out of the stacked arrays
+    once (drop the stacked model to free them); the other parameters are shared.
+
+    Why (H200, docs/PERFORMANCE.md): the scanned 5B forward at 1170 tokens spent 7.5 of its 28.5 ms
+    copying each layer's weights out of the stacked arrays; unrolling the scan made the slices
+    static, but XLA still copies a static slice that feeds a cuBLAS call (the bf16 FFN
+    up-projection, every FP8 GEMM's weight). Per-layer arrays need no slicing: bf16 forward 25.2 →
+    24.4 ms, causal block step −13%, compile 68 → 16 s (the FP8 forward is 1.2 ms slower, its q/k/v
+    weights then being concatenated per call)."""
+    if isinstance(model.blocks, nnx.List):  # already unrolled
+        return model
     cfg = dataclasses.replace(model.cfg, scan_unroll=model.cfg.num_layers)
     graphdef, _ = nnx.split(abstract_dit(cfg))
-    return nnx.merge(graphdef, nnx.state(model))
+    out = nnx.merge(graphdef, nnx.state(model))
+    stacked = nnx.to_pure_dict(nnx.state(model.blocks))
+    slice_layer = jax.jit(lambda tree, i: jax.tree.map(lambda a: a[i], tree))
+    layers = []
+    for i in range(cfg.num_layers):
+        block_graphdef, block_state = nnx.split(build.abstract_model(WanBlock, cfg))
+        nnx.replace_by_pure_dict(block_state, slice_layer(stacked, i))
+        layers.append(nnx.merge(block_graphdef, block_state))
+    out.blocks = nnx.List(layers)
+    return out
 
 
 def dit_from_params(cfg: WanDiTConfig, params: dict) -> WanDiT:
