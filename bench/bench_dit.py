@@ -11,7 +11,7 @@ text context 512) with cuDNN and XLA attention, the layer scan rolled (training)
 (`rynn_jax.models.fp8.quantize_dit`: block linears as float8_e4m3fn GEMMs), checks its output
 against the bf16 one, counts the GEMM kinds in its compiled HLO (`hlo_gemms` in the row: on an
 H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`). The compiled HLO of every
-variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token multiple>[.<layout>].hlo.txt`).
+variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token multiple>.<layout>.hlo.txt`).
 `--token-multiple 1 16` also times the model with its tokens padded (WanDiTConfig.token_multiple).
 """
 
@@ -61,6 +61,12 @@ def _hlo_gemms(hlo_text: str) -> dict:
                 triton=hlo_text.count('"kind":"__triton_gemm"'))
 
 
+def _write_hlo(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
               attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None,
               token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",)) -> list[dict]:
@@ -74,13 +80,15 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
     variants = [(att, u, m, lay) for att in attentions if gpu or att == "xla" for u in unrolls
-                for m in token_multiples for lay in (layouts if u >= (layers or 30) else ("stacked",))]
+                for m in token_multiples for lay in (layouts if u >= (layers or WanDiTConfig.ti2v_5b().num_layers)
+                                                     else ("stacked",))]
     for attention, unroll, multiple, layout in variants:
         overrides = dict(dtype="bfloat16", param_dtype="bfloat16", attention=attention, token_multiple=multiple)
         if layers:
             overrides["num_layers"] = layers
         cfg = WanDiTConfig.ti2v_5b(**overrides)
         cfg = dataclasses.replace(cfg, scan_unroll=min(unroll, cfg.num_layers))
+        variant_tag = f"{attention}.u{cfg.scan_unroll}.m{multiple}.{layout}"
         with nnx.use_eager_sharding(False):
             graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
 
@@ -116,9 +124,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             compile_s = time.perf_counter() - t0
             times = time_ms(lambda: compiled_f(state, z, t, ctx).block_until_ready(), 3, iters)
             if hlo_prefix and f == frames[0]:
-                os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
-                with open(f"{hlo_prefix}.bf16.{attention}.u{cfg.scan_unroll}.m{multiple}.{layout}.hlo.txt", "w") as fh:
-                    fh.write(compiled_f.as_text() or "")
+                _write_hlo(f"{hlo_prefix}.bf16.{variant_tag}.hlo.txt", compiled_f.as_text() or "")
             del compiled_f
             name = (f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''}"
                     f"{', stacked weights' if cfg.scan_unroll > 1 and layout == 'stacked' else ''}"
@@ -141,9 +147,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 times = time_ms(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
                 hlo = compiled.as_text() or ""
                 if hlo_prefix and f == frames[0]:
-                    os.makedirs(os.path.dirname(hlo_prefix) or ".", exist_ok=True)
-                    with open(f"{hlo_prefix}.fp8.{attention}.u{cfg.scan_unroll}.m{multiple}.{layout}.hlo.txt", "w") as fh:
-                        fh.write(hlo)
+                    _write_hlo(f"{hlo_prefix}.fp8.{variant_tag}.hlo.txt", hlo)
                 if checks is not None:
                     checks.finite(f"{name_q}, {f} frames", out_q)
                     checks.close(f"{name_q} vs bf16, {f} frames", out_q, out, 1e-1)

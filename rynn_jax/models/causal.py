@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rynn_jax.models import rope
-from rynn_jax.models.dit import WanAttention, WanBlock, WanDiT, token_grid
+from rynn_jax.models.dit import WanAttention, WanBlock, WanDiT, pad_tokens, token_grid
 from rynn_jax.sharding import constrain
 
 # K/V cache: a plain dict of arrays (exportable without custom pytree nodes).
@@ -164,10 +164,7 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     q_rope = frames_rope(a_f - base, grid[1:], model)
     # Tail pads (cfg.token_multiple) ride along as queries only: put_block caches the first f·tokens
     # K/V, and the kv_len mask already ends at the real tokens.
-    pad = -(f * tokens) % cfg.token_multiple
-    if pad:
-        x_bld = jnp.pad(x_bld, ((0, 0), (0, pad), (0, 0)))
-        q_rope = (jnp.pad(q_rope[0], ((0, pad), (0, 0)), constant_values=1.0), jnp.pad(q_rope[1], ((0, pad), (0, 0))))
+    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
     k_rope = frames_rope(slot_positions(a_last, window), grid[1:], model)
     start_f = frame_slots(a_f, window) * tokens
     kv_len_b = jnp.full((b,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)

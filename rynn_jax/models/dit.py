@@ -125,6 +125,18 @@ def modulate(x_bfsd: jax.Array, shift_bfd: jax.Array, scale_bfd: jax.Array) -> j
     return x_bfsd * (1.0 + scale_bfd[:, :, None]) + shift_bfd[:, :, None]
 
 
+def pad_tokens(x_bld: jax.Array, rope_cs: tuple[jax.Array, jax.Array], multiple: int
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array], int]:
+    """Tail-pad tokens (B, L, D) and their RoPE cos/sin (L, H/2) to a multiple of `multiple`
+    (WanDiTConfig.token_multiple): zero tokens with the identity rotation. Returns (x, rope, pad)."""
+    pad = -x_bld.shape[1] % multiple
+    if pad:
+        cos, sin = rope_cs
+        x_bld = jnp.pad(x_bld, ((0, 0), (0, pad), (0, 0)))
+        rope_cs = jnp.pad(cos, ((0, pad), (0, 0)), constant_values=1.0), jnp.pad(sin, ((0, pad), (0, 0)))
+    return x_bld, rope_cs, pad
+
+
 def frames_to_tokens(a_bfd: jax.Array, tokens_per_frame: int, pad: int) -> jax.Array:
     """Per-frame values (B, F, D) repeated over each frame's tokens, then `pad` zero rows: (B, F·S + pad, D).
     A broadcast XLA fuses into its consumer, not a materialised array."""
@@ -335,7 +347,7 @@ class WanDiT(nnx.Module):
 
     def run_blocks(self, x_bld: jax.Array, ctx_bsd: jax.Array, tproj_bf6d: jax.Array,
                    rope_cs: tuple[jax.Array, jax.Array], num_frames: int, pad: int = 0) -> jax.Array:
-        """All blocks with one `lax.scan` over the stacked layer axis (compiles one block, not 30)."""
+        """All blocks (scan_blocks: one `lax.scan` over stacked layers, a loop over `unrolled` ones)."""
         return self.scan_blocks(
             lambda block, x, _: (block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames, pad), None), x_bld)[0]
 
@@ -401,13 +413,10 @@ class WanDiT(nnx.Module):
             raise ValueError("a control latent was given but cfg.control is 'none'")
         ctx_bsd = self.embed_text(ctx_bsk)
         temb, tproj = self.embed_time(t_bf)
-        cos, sin = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
+        rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
         l = x_bld.shape[1]
-        pad = -l % cfg.token_multiple
-        if pad:  # pads: zero tokens, identity rotation; masked as keys, dropped before the head
-            x_bld = jnp.pad(x_bld, ((0, 0), (0, pad), (0, 0)))
-            cos, sin = jnp.pad(cos, ((0, pad), (0, 0)), constant_values=1.0), jnp.pad(sin, ((0, pad), (0, 0)))
-        x_bld = self.run_blocks(x_bld, ctx_bsd, tproj, (cos, sin), grid[0], pad)
+        x_bld, rope_cs, pad = pad_tokens(x_bld, rope_cs, cfg.token_multiple)  # pads: masked as keys
+        x_bld = self.run_blocks(x_bld, ctx_bsd, tproj, rope_cs, grid[0], pad)
         return self.project_out(x_bld[:, :l], temb, grid)
 
 
