@@ -42,6 +42,8 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true", help="FP8 block linears (fp8.quantize_dit of the same weights)")
     p.add_argument("--token-multiple", type=int, default=1,
                    help="WanDiTConfig.token_multiple (16: a 1170-token block runs as 1184)")
+    p.add_argument("--unfused-qkv", action="store_true",
+                   help="serve self-attention q/k/v as three linears (before dit.fuse_qkv), for comparison")
     p.add_argument("--out", default="bench/results/causal.json")
     a = p.parse_args()
 
@@ -76,7 +78,7 @@ def main() -> None:
         graphdef, params = nnx.split(model_q)
         del model_q
     if not a.no_unroll:  # the serving layout (dit.unrolled: per-layer weights, no layer scan)
-        graphdef, params = nnx.split(unrolled(nnx.merge(graphdef, params)))
+        graphdef, params = nnx.split(unrolled(nnx.merge(graphdef, params), fuse_self_qkv=not a.unfused_qkv))
     opts = fp8.compiler_options(cfg)
     key = jax.random.key(0)
     ref = jax.random.normal(key, (b, 1, *hw, cfg.in_channels), jnp.float32)

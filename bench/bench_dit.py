@@ -13,6 +13,8 @@ against the bf16 one, counts the GEMM kinds in its compiled HLO (`hlo_gemms` in 
 H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`). The compiled HLO of every
 variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token multiple>.<layout>.hlo.txt`).
 `--token-multiple 1 16` also times the model with its tokens padded (WanDiTConfig.token_multiple).
+`--compiler-options '{"xla_gpu_triton_gemm_any": true}'` also times the bf16 program built with those
+XLA options.
 """
 
 from __future__ import annotations
@@ -67,9 +69,41 @@ def _write_hlo(path: str, text: str) -> None:
         fh.write(text)
 
 
+def _compile_and_time(fn, args: tuple, options: dict | None, iters: int):
+    """Compile `fn` for `args` with XLA `options`, run once, time it: (output, times ms, compile s, HLO)."""
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile(options)
+    out = compiled(*args).block_until_ready()
+    compile_s = time.perf_counter() - t0
+    times = time_ms(lambda: compiled(*args).block_until_ready(), 3, iters)
+    return out, times, compile_s, compiled.as_text() or ""
+
+
+def _row(name: str, frames: int, times: list[float], compile_s: float, **extra) -> dict:
+    row = dict(impl=name, frames=frames, tokens=frames * 390, median_ms=statistics.median(times),
+               min_ms=min(times), compile_s=compile_s, **extra)
+    print(row, flush=True)
+    return row
+
+
+def _option_rows(option_sets, fn, args: tuple, base_options: dict | None, base_name: str, base_out,
+                 frames: int, iters: int, checks) -> list[dict]:
+    """The same program rebuilt with each extra XLA option set (on top of its own options), each
+    checked against the default build's output."""
+    rows = []
+    for opts in option_sets:
+        out, times, compile_s, hlo = _compile_and_time(fn, args, {**(base_options or {}), **opts}, iters)
+        name = f"{base_name[:-1]}, {json.dumps(opts, sort_keys=True)})"
+        if checks is not None:
+            checks.close(f"{name} vs default options, {frames} frames", out, base_out, 2e-2)
+        rows.append(_row(name, frames, times, compile_s, compiler_options=opts, hlo_gemms=_hlo_gemms(hlo)))
+    return rows
+
+
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
               attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None,
-              token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",)) -> list[dict]:
+              token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",),
+              option_sets: tuple[dict, ...] = ()) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -100,14 +134,14 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
 
         if fp8:  # the same weights, block linears quantized to FP8 (serving path)
             model_q = quantize_dit(nnx.merge(graphdef, state))
-            if layout == "per_layer":
-                model_q = unrolled(model_q)
+            if layout != "stacked":
+                model_q = unrolled(model_q, fuse_self_qkv=layout == "per_layer")
             opts_q = compiler_options(model_q.cfg)
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
-        if layout == "per_layer":  # the serving layout: per-layer weights (dit.unrolled)
-            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state)))
+        if layout != "stacked":  # the serving layout: per-layer weights (dit.unrolled)
+            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state), fuse_self_qkv=layout == "per_layer"))
 
         @jax.jit
         def fwd(state, z, t, ctx):
@@ -118,16 +152,12 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             z = jax.random.normal(key, (1, f, 30, 52, 48), jnp.bfloat16)
             t = jnp.concatenate([jnp.zeros((1, 1)), jnp.full((1, f - 1), 700.0)], axis=1)
             ctx = jax.random.normal(key, (1, 512, 4096), jnp.bfloat16)
-            t0 = time.perf_counter()
-            compiled_f = fwd.lower(state, z, t, ctx).compile()
-            out = compiled_f(state, z, t, ctx).block_until_ready()
-            compile_s = time.perf_counter() - t0
-            times = time_ms(lambda: compiled_f(state, z, t, ctx).block_until_ready(), 3, iters)
+            out, times, compile_s, hlo = _compile_and_time(fwd, (state, z, t, ctx), None, iters)
             if hlo_prefix and f == frames[0]:
-                _write_hlo(f"{hlo_prefix}.bf16.{variant_tag}.hlo.txt", compiled_f.as_text() or "")
-            del compiled_f
+                _write_hlo(f"{hlo_prefix}.bf16.{variant_tag}.hlo.txt", hlo)
             name = (f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''}"
                     f"{', stacked weights' if cfg.scan_unroll > 1 and layout == 'stacked' else ''}"
+                    f"{', q/k/v unfused' if layout == 'per_layer_split' else ''}"
                     f"{f', tokens padded to ×{multiple}' if multiple > 1 else ''})")
             if checks is not None:  # same seed, same params: every variant must agree with the first
                 checks.finite(f"{name}, {f} frames", out)
@@ -135,25 +165,19 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                     checks.close(f"{name} vs {first_out[f][0]}, {f} frames", out, first_out[f][1], 2e-2)
                 else:
                     first_out[f] = (name, jax.device_get(out))
-            rows.append(dict(impl=name, frames=f, tokens=f * 390,
-                             median_ms=statistics.median(times), min_ms=min(times), compile_s=compile_s))
-            print(rows[-1], flush=True)
+            rows.append(_row(name, f, times, compile_s))
+            rows += _option_rows(option_sets, fwd, (state, z, t, ctx), None, name, out, f, iters, checks)
             if fp8:
                 name_q = f"{name[:-1]}, fp8)"
-                t0 = time.perf_counter()
-                compiled = fwd_q.lower(state_q, z, t, ctx).compile(opts_q)
-                out_q = compiled(state_q, z, t, ctx).block_until_ready()
-                compile_s = time.perf_counter() - t0
-                times = time_ms(lambda: compiled(state_q, z, t, ctx).block_until_ready(), 3, iters)
-                hlo = compiled.as_text() or ""
+                out_q, times, compile_s, hlo = _compile_and_time(fwd_q, (state_q, z, t, ctx), opts_q, iters)
                 if hlo_prefix and f == frames[0]:
                     _write_hlo(f"{hlo_prefix}.fp8.{variant_tag}.hlo.txt", hlo)
                 if checks is not None:
                     checks.finite(f"{name_q}, {f} frames", out_q)
                     checks.close(f"{name_q} vs bf16, {f} frames", out_q, out, 1e-1)
-                rows.append(dict(impl=name_q, frames=f, tokens=f * 390, median_ms=statistics.median(times),
-                                 min_ms=min(times), compile_s=compile_s, hlo_gemms=_hlo_gemms(hlo)))
-                print(rows[-1], flush=True)
+                rows.append(_row(name_q, f, times, compile_s, hlo_gemms=_hlo_gemms(hlo)))
+                rows += _option_rows(option_sets, fwd_q, (state_q, z, t, ctx), opts_q, name_q, out_q, f, iters,
+                                     checks)
         del state
         if fp8:
             del state_q
@@ -203,9 +227,13 @@ def main() -> None:
                    help="also time each JAX configuration with FP8 block linears (fp8.quantize_dit)")
     p.add_argument("--token-multiple", type=int, nargs="+", default=[1],
                    help="WanDiTConfig.token_multiple variants (16: 1170 tokens run as 1184)")
-    p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=["per_layer", "stacked"],
-                   help="weights of a fully unrolled model: per-layer arrays (dit.unrolled, serving) or "
-                        "the stacked (layers, …) arrays sliced statically")
+    p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=["per_layer", "per_layer_split", "stacked"],
+                   help="weights of a fully unrolled model: per-layer arrays with fused self-attention q/k/v "
+                        "(dit.unrolled, serving), the same with q/k/v as three linears, or the stacked "
+                        "(layers, …) arrays sliced statically")
+    p.add_argument("--compiler-options", type=json.loads, nargs="*", default=[],
+                   help='extra XLA compiler-option sets (JSON dicts, e.g. \'{"xla_gpu_triton_gemm_any": true}\'), '
+                        "each timed on the same bf16 program beside the default build")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
     a = p.parse_args()
@@ -226,7 +254,7 @@ def main() -> None:
     checks = Checks()
     rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks,
                       fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0], token_multiples=tuple(a.token_multiple),
-                      layouts=tuple(a.layouts))
+                      layouts=tuple(a.layouts), option_sets=tuple(a.compiler_options))
     import jax
 
     for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:

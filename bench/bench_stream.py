@@ -8,7 +8,8 @@
 Per batch size B (B sessions in lock step in one executable): time to first frame (start + first
 block, compilation included), per-block latency, and aggregate output FPS (generated video frames of
 all sessions per second of wall time, skeleton rendering included) over the chunks after the
-warm-up chunks. Prints a table, writes JSON.
+warm-up chunks. Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact
+Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on that side.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8, token_multiple=a.token_multiple,
-               resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
+               encoder=a.encoder, decoder=a.decoder, resolution=[a.height, a.width], checks=checks.rows,
+               argv=sys.argv[1:])
     write_json(path, out)
 
 
@@ -84,6 +86,10 @@ def main() -> None:
                    help="persistent XLA compilation cache (rynn_jax.compile_cache); run twice to time a warm start")
     p.add_argument("--token-multiple", type=int, default=1,
                    help="WanDiTConfig.token_multiple of the 5B DiT (16: a 1170-token block runs as 1184)")
+    p.add_argument("--decoder", choices=["vae", "tae"], default="vae",
+                   help="pixel decoder: the exact Wan2.2 VAE or the tiny autoencoder (models/tae.py)")
+    p.add_argument("--encoder", choices=["vae", "tae"], default="vae",
+                   help="skeleton/reference encoder: the exact Wan2.2 VAE or the tiny autoencoder")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.chunks <= a.warm_chunks:
@@ -117,6 +123,11 @@ def main() -> None:
         vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype, **vae_over)
         dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype=dtype, param_dtype=dtype, token_multiple=a.token_multiple)
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)
+    tiny_ae = None
+    if "tae" in (a.encoder, a.decoder):
+        from rynn_jax.models.tae import TAEConfig, init_tae
+
+        tiny_ae = init_tae(TAEConfig.tiny(dtype=dtype) if a.tiny else TAEConfig.wan22(dtype=dtype), 0)
     if a.fp8:
         from rynn_jax.models.fp8 import quantize_dit
 
@@ -128,7 +139,9 @@ def main() -> None:
 
     results, checks = [], Checks()
     for b in a.batch:
-        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll)
+        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll,
+                                   encoder=tiny_ae if a.encoder == "tae" else None,
+                                   decoder=tiny_ae if a.decoder == "tae" else None)
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
         last_rgb, res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)

@@ -2,6 +2,8 @@
 
     python bench/bench_vae.py --latent-frames 21 --out bench/results/vae.json
 
+`--codec vae tae` also times the tiny autoencoder of the same latent space (models/tae.py).
+
 Times, for the full 2.2 VAE: streaming decode (one latent frame → 4 video frames per call, cache
 carried; the real-time path), streaming encode (4 frames per call), and whole-clip encode/decode.
 With torch+diffusers importable (and `--torch` not 'off'), diffusers' `AutoencoderKLWan` decode and
@@ -22,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, time_ms, write_json  # noqa: E402
 
 
-def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int, width: int) -> None:
+def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: int, width: int) -> None:
     """The timed streaming programs against the whole-clip ones on a slice (2 latent frames ↔ 5
     video frames): same weights, same dtype; outputs finite. bf16 tolerance: the two programs
     accumulate in different orders (a wrong program is off by O(1))."""
@@ -30,8 +32,6 @@ def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int
 
     import jax
     import jax.numpy as jnp
-
-    from rynn_jax.models import vae as V
 
     tol = 1e-4 if cfg.dtype == "float32" else 5e-2
     dec = jax.jit(functools.partial(V.decode_chunk, graphdef))
@@ -42,7 +42,7 @@ def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int
     streamed = jnp.concatenate(ys, axis=1)[:, 3:]
     whole = jax.jit(functools.partial(V.decode, graphdef))(params, z[:, :2])
     checks.finite("stream decode", streamed)
-    checks.close("stream decode vs whole-clip decode (2 latents)", streamed, whole, tol)
+    checks.close(f"{V.__name__}: stream decode vs whole-clip decode (2 latents)", streamed, whole, tol)
 
     enc = jax.jit(functools.partial(V.encode_chunk, graphdef))
     ecache = V.init_encode_cache(cfg, 1, height, width)
@@ -51,21 +51,29 @@ def check_streaming(checks: Checks, graphdef, params, cfg, z, video, height: int
     streamed_z = jnp.concatenate([z0, z1], axis=1)
     whole_z = jax.jit(functools.partial(V.encode, graphdef))(params, video[:, :5])
     checks.finite("stream encode", streamed_z)
-    checks.close("stream encode vs whole-clip encode (5 frames)", streamed_z, whole_z, tol)
+    checks.close(f"{V.__name__}: stream encode vs whole-clip encode (5 frames)", streamed_z, whole_z, tol)
 
 
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
-              tiny: bool = False, checks: Checks | None = None) -> list[dict]:
+              tiny: bool = False, checks: Checks | None = None, codec: str = "vae") -> list[dict]:
+    """`codec`: "vae" (the exact Wan2.2 VAE, models/vae.py) or "tae" (the tiny autoencoder of the
+    same latent space, models/tae.py); both modules have the same streaming functions."""
     import functools
 
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax.models import vae as V
+    from rynn_jax.models import tae, vae
 
-    cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
-    model = V.init_vae(cfg, 0)
+    if codec == "tae":
+        V, impl = tae, "jax tae"
+        cfg = (tae.TAEConfig.tiny if tiny else tae.TAEConfig.wan22)(dtype=dtype)
+        model = tae.init_tae(cfg, 0)
+    else:
+        V, impl = vae, "jax"
+        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+        model = vae.init_vae(cfg, 0)
     graphdef, params = nnx.split(model)
     frames = 1 + 4 * (latent_frames - 1)
     key = jax.random.key(0)
@@ -87,8 +95,8 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
 
     t = time_ms(one_decode, 2, iters)
     if checks is not None:
-        check_streaming(checks, graphdef, params, cfg, z, video, height, width)
-    rows.append(dict(impl="jax", op="stream decode (1 latent → 4 frames)", median_ms=statistics.median(t),
+        check_streaming(checks, V, graphdef, params, cfg, z, video, height, width)
+    rows.append(dict(impl=impl, op="stream decode (1 latent → 4 frames)", median_ms=statistics.median(t),
                      per_frame_ms=statistics.median(t) / 4))
 
     enc_step = jax.jit(functools.partial(V.encode_chunk, graphdef), donate_argnums=1)
@@ -102,7 +110,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         out.block_until_ready()
 
     t = time_ms(one_encode, 2, iters)
-    rows.append(dict(impl="jax", op="stream encode (4 frames → 1 latent)", median_ms=statistics.median(t),
+    rows.append(dict(impl=impl, op="stream encode (4 frames → 1 latent)", median_ms=statistics.median(t),
                      per_frame_ms=statistics.median(t) / 4))
     for op, fn, x in (("decode", V.decode, z), ("encode", V.encode, video)) if whole else ():
         f = jax.jit(functools.partial(fn, graphdef))
@@ -111,7 +119,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         except Exception as e:  # noqa: BLE001 — XLA raises several error types for OOM
             print(f"whole-clip {op} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
-        rows.append(dict(impl="jax", op=f"whole-clip {op} ({frames} frames)", median_ms=statistics.median(t),
+        rows.append(dict(impl=impl, op=f"whole-clip {op} ({frames} frames)", median_ms=statistics.median(t),
                          per_frame_ms=statistics.median(t) / frames))
     for r in rows:
         print(r, flush=True)
@@ -152,6 +160,8 @@ def main() -> None:
     p.add_argument("--no-whole", action="store_true", help="skip whole-clip encode/decode")
     p.add_argument("--torch", choices=["off", "on"], default="on")
     p.add_argument("--tiny", action="store_true", help="tiny VAE, for a CPU smoke run")
+    p.add_argument("--codec", nargs="+", choices=["vae", "tae"], default=["vae"],
+                   help="vae: the exact Wan2.2 VAE; tae: the tiny autoencoder (models/tae.py)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/vae.json")
     a = p.parse_args()
@@ -169,7 +179,9 @@ def main() -> None:
         else:
             print("torch reference skipped:", (res.stderr.strip().splitlines() or ["no output"])[-1])
     checks = Checks()
-    rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny, checks)
+    for codec in a.codec:
+        rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny, checks,
+                          codec=codec)
     print(f"\n{'impl':10s} {'op':40s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:10s} {r['op']:40s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")

@@ -86,7 +86,9 @@ def test_cached_rollout_equals_block_causal_forward(model, token_multiple):
 @pytest.mark.parametrize("forcing", [False, True])
 def test_blockwise_attention_equals_dense_mask(model, forcing):
     """The mask-free block-by-block attention (the default off CPU) gives the dense-mask forward's
-    velocities and input gradients; 5 frames in blocks of 2, so the last block is short."""
+    velocities and input gradients; 5 frames in blocks of 2, so the last block is short. The
+    blockwise run uses a model that tail-pads its tokens (token_multiple=16: 10 → 16 tokens, 20 → 32
+    with teacher forcing), so the pads are held to the unpadded reference too."""
     fpb, f, b = 2, 5, 2
     rng = np.random.default_rng(5)
     z, noisy, control = _latents(rng, b, f), _latents(rng, b, f), _latents(rng, b, f)
@@ -94,15 +96,22 @@ def test_blockwise_attention_equals_dense_mask(model, forcing):
     ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
     extra = {"noisy_bthwc": noisy, "noisy_t_bf": t_noisy} if forcing else {}
 
-    def run(z, blockwise):  # velocities, ∂Σv²/∂z, and ∂(Σ of block 1's velocities)/∂z
-        fwd = lambda z: causal.block_causal_forward(model, z, t, ctx, control, frames_per_block=fpb,  # noqa: E731
+    padded = _padded(model, 16)
+
+    def run(m, z, blockwise):  # velocities, ∂Σv²/∂z, and ∂(Σ of block 1's velocities)/∂z
+        fwd = lambda z: causal.block_causal_forward(m, z, t, ctx, control, frames_per_block=fpb,  # noqa: E731
                                                     blockwise=blockwise, **extra)
         v, vjp = jax.vjp(fwd, z)
         return v, vjp(2 * v)[0], vjp(jnp.zeros_like(v).at[:, fpb:2 * fpb].set(1.0))[0]
 
-    v_dense, g_dense, _ = jax.jit(lambda z: run(z, False))(z)
-    v_block, g_block, g_block1 = jax.jit(lambda z: run(z, True))(z)
+    v_dense, g_dense, _ = jax.jit(lambda z: run(model, z, False))(z)
+    v_block, g_block, g_block1 = jax.jit(lambda z: run(padded, z, True))(z)
     assert rel_err(v_block, v_dense) < 1e-5 and rel_err(g_block, g_dense) < 1e-5
+    padded_fwd = lambda z, blockwise: causal.block_causal_forward(  # noqa: E731
+        padded, z, t, ctx, control, frames_per_block=fpb, blockwise=blockwise, **extra)
+    assert rel_err(jax.jit(lambda z: padded_fwd(z, False))(z), v_dense) < 1e-5
+    # the padded model's FFN really runs on 16 (32) tokens
+    assert f"f32[{b},{32 if forcing else 16},{CFG.ffn_dim}]" in str(jax.make_jaxpr(lambda z: padded_fwd(z, True))(z))
     # Causality: block 1's output sees blocks 0..1 of z (teacher forcing: clean block 0 only).
     seen = fpb if forcing else 2 * fpb
     assert float(jnp.abs(g_block1[:, seen:]).max()) == 0.0
@@ -221,3 +230,46 @@ def test_streaming_session_reanchors(model):
     assert session._step._cache_size() == 1 and session._anchor._cache_size() == 1
     with pytest.raises(ValueError, match="needs skeleton frames"):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
+
+
+def test_stream_step_decodes_with_the_tiny_autoencoder():
+    """A pixel step with the Wan VAE encoding and the tiny autoencoder decoding (StreamingSession's
+    `decoder=`): its frames are tae.decode of the latents the latent-level step makes from the same
+    encoded skeleton; a codec whose latents the DiT cannot take is refused."""
+    from rynn_jax.models import tae
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+
+    dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
+    vae = init_vae(WanVAEConfig.tiny(), seed=0)
+    tcfg = tae.TAEConfig.tiny(dtype="float32")
+    rng = np.random.default_rng(7)
+    fan_in = lambda a: np.prod(a.shape[:-1]) if len(a.shape) > 1 else 100.0  # noqa: E731  (HWIO kernels)
+    tiny = tae.tae_from_params(tcfg, jax.tree.map(  # LeCun-scaled: rounding differences stay small
+        lambda a: (rng.standard_normal(a.shape) * np.sqrt(1 / fan_in(a))).astype(np.float32),
+        tae.abstract_params(tcfg)))
+    ccfg, scfg = causal.CausalConfig(frames_per_block=2, window_frames=3), streaming.StepConfig(num_steps=1)
+    enc, enc_params = streaming.Codec.split(vae)
+    dec, dec_params = streaming.Codec.split(tiny)
+    assert dec.lib is tae and enc.lib is not tae
+    graphdef, params = nnx.split(dit)
+    image = jnp.asarray(rng.uniform(-1, 1, (1, 32, 64, 3)), jnp.float32)
+    ctx = jnp.asarray(rng.standard_normal((1, CFG.text_len, CFG.text_dim)), jnp.float32)
+    skeleton = jnp.asarray(rng.uniform(-1, 1, (1, 8, 32, 64, 3)), jnp.float32)
+    key = jax.random.key_data(jax.random.key(3))
+    state = streaming.make_stream_start(graphdef, enc, dec, ccfg)(params, (enc_params, dec_params), image, ctx)
+    rgb, _ = jax.jit(streaming.make_stream_step(graphdef, enc, dec, ccfg, scfg))(
+        params, (enc_params, dec_params), state, skeleton, key)
+
+    @jax.jit
+    def reference(state):
+        control, _ = streaming.encode_block(enc, enc_params, state["enc"], skeleton)
+        latents, _ = streaming.make_step(graphdef, ccfg, scfg)(params, state["dit"], control, key)
+        return tae.decode(dec.graphdef, dec_params, latents)  # 1 + 4·(2 − 1) frames
+
+    want = reference(state)
+    assert rgb.shape == (1, 8, 32, 64, 3) and want.shape == (1, 5, 32, 64, 3)
+    assert float((jnp.abs(want) < 0.999).mean()) > 0.3  # many unclamped values: the check has teeth
+    np.testing.assert_allclose(rgb[:, 3:], want, atol=1e-4)
+    assert float(jnp.abs(rgb[:, :3]).max()) == 0.0  # the first call's start-up frames
+    with pytest.raises(ValueError, match="decoder makes 48-channel latents, the DiT takes 4"):
+        streaming.StreamingSession(dit, vae, ccfg, scfg, chunk_frames=4, decoder=tae.abstract_tae(tae.TAEConfig.wan22()))

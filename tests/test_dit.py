@@ -174,8 +174,8 @@ def test_token_padding_keeps_gradients_and_pads_every_block():
     cfg = WanDiTConfig.tiny(num_layers=2, remat="save_dots", token_multiple=32)
     loss, state, g = loss_and_grads(cfg)
     ref_g, g = flatten_params(nnx.to_pure_dict(ref_g)), flatten_params(nnx.to_pure_dict(g))
-    for k in ref_g:
-        np.testing.assert_allclose(g[k], ref_g[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for k in ref_g:  # float32 sums over 45 vs 64 rows differ in order: tolerance scaled to each gradient
+        np.testing.assert_allclose(g[k], ref_g[k], rtol=1e-5, atol=1e-5 * float(np.abs(ref_g[k]).max()), err_msg=k)
     # the blocks really run on 64 tokens (45 + 19 pads), the head on 45
     jaxpr = str(jax.make_jaxpr(loss)(state))
     assert f"f32[2,64,{cfg.dim}]" in jaxpr and f"f32[2,45,{cfg.dim}]" in jaxpr
@@ -192,7 +192,9 @@ def test_unrolled_serving_layout_has_per_layer_weights():
     assert isinstance(served.blocks, nnx.List) and len(served.blocks) == 3 and served.cfg.scan_unroll == 3
     for i, block in enumerate(served.blocks):
         np.testing.assert_array_equal(block.ffn_up.kernel[...], model.blocks.ffn_up.kernel[...][i])
-        assert block.self_attn.q.kernel[...].shape == (cfg.dim, cfg.dim)
+        qkv = [getattr(model.blocks.self_attn, n).kernel[...][i] for n in "qkv"]  # fused for serving
+        np.testing.assert_array_equal(block.self_attn.qkv.kernel[...], np.concatenate(qkv, axis=1))
+        assert block.self_attn.q is None and block.cross_attn.q.kernel[...].shape == (cfg.dim, cfg.dim)
     assert dit.unrolled(served) is served
     rng = np.random.default_rng(3)
     z = jnp.asarray(rng.standard_normal((1, 2, 4, 6, cfg.in_channels)), jnp.float32)

@@ -179,11 +179,11 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
         k_cache, v_cache, text_k, text_v = xs
 
         def self_attention(attn: WanAttention, h_bld: jax.Array):
-            k_new, v_new = attn.key_value(h_bld)  # pre-RoPE, as cached
+            q_blnh, k_new, v_new = attn.self_qkv(h_bld, q_rope, None)  # K pre-RoPE, as cached
             k_all = rope.apply_rope(put_block(k_cache, k_new), *k_rope)
             v_all = put_block(v_cache, v_new)
             k_all, v_all = (constrain(a, _CACHE_NAMES[1:]) for a in (k_all, v_all))
-            out = attn.attend(attn.query(h_bld, q_rope), k_all, v_all, kv_len_b=kv_len_b)
+            out = attn.attend(q_blnh, k_all, v_all, kv_len_b=kv_len_b)
             return out, ((k_new, v_new) if write else None)
 
         return block.forward(x_bld, None, tproj_bf6d, f, self_attention=self_attention,
@@ -256,7 +256,10 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
     `blockwise` (default: on every backend but CPU) computes the attention block by block
     (`blockwise_attention`: no mask, no masked-out logits); otherwise one attention call with the
     dense (L, L) boolean mask, which is what CPU tests pin and fine at their sizes, but at 5B
-    (2 × 8190 tokens) would be 13 GB of logits per layer with XLA attention."""
+    (2 × 8190 tokens) would be 13 GB of logits per layer with XLA attention.
+
+    `cfg.token_multiple` tail-pads the whole sequence (2 × 8190 → 16384 with the 5B recipes' 16):
+    the pads are no block's keys and their own attention output is zero."""
     cfg = model.cfg
     grid = token_grid(z_bthwc.shape, cfg)
     f, tokens = grid[0], grid[1] * grid[2]
@@ -267,25 +270,40 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
         x_bld = jnp.concatenate([x_bld, _input_tokens(model, noisy_bthwc, control_bthwc)], axis=1)
         t_bf = jnp.concatenate([t_bf, noisy_t_bf], axis=1)
         rope_cs = tuple(jnp.concatenate([a, a], axis=0) for a in rope_cs)  # same positions twice
+    x_bld, rope_cs, pad = pad_tokens(x_bld, rope_cs, cfg.token_multiple)
     if blockwise is None:
         blockwise = jax.default_backend() != "cpu"
     spans = block_spans(f, tokens, frames_per_block)
-    mask = None if blockwise else jnp.asarray(block_causal_mask(f, tokens, frames_per_block, forcing))[None, None]
+    mask = None if blockwise else jnp.asarray(_padded_mask(block_causal_mask(f, tokens, frames_per_block, forcing),
+                                                           pad))[None, None]
     ctx_bsd = model.embed_text(ctx_bsk)
     temb_bfd, tproj_bf6d = model.embed_time(t_bf)
     num_frames = t_bf.shape[1]
 
     def self_attention(attn: WanAttention, h_bld: jax.Array):
-        q_blnh, (k_blnh, v_blnh) = attn.query(h_bld, rope_cs), attn.key_value(h_bld, rope_cs)
+        q_blnh, k_blnh, v_blnh = attn.self_qkv(h_bld, rope_cs, rope_cs)
         if blockwise:
-            return blockwise_attention(attn, q_blnh, k_blnh, v_blnh, spans, forcing), None
+            out_bld = blockwise_attention(attn, q_blnh, k_blnh, v_blnh, spans, forcing)
+            return jnp.pad(out_bld, ((0, 0), (0, pad), (0, 0))), None
         return attn.attend(q_blnh, k_blnh, v_blnh, mask_bnls=mask), None
 
     def layer(block: WanBlock, x, _):
-        return block.forward(x, ctx_bsd, tproj_bf6d, num_frames, self_attention=self_attention)
+        return block.forward(x, ctx_bsd, tproj_bf6d, num_frames, self_attention=self_attention, pad=pad)
 
     x_bld = model.scan_blocks(layer, x_bld)[0]
     if forcing:
-        x_bld, temb_bfd = x_bld[:, f * tokens:], temb_bfd[:, f:]
+        x_bld, temb_bfd = x_bld[:, f * tokens:2 * f * tokens], temb_bfd[:, f:]
+    else:
+        x_bld = x_bld[:, :f * tokens]
     return model.project_out(x_bld, temb_bfd, grid)
+
+
+def _padded_mask(mask_ll: np.ndarray, pad: int) -> np.ndarray:
+    """The dense mask with `pad` tail tokens: no real query sees them; each pad query sees token 0
+    only (a finite softmax; pad outputs are dropped)."""
+    if not pad:
+        return mask_ll
+    out = np.pad(mask_ll, ((0, pad), (0, pad)))
+    out[-pad:, 0] = True
+    return out
 

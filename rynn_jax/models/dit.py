@@ -23,6 +23,7 @@ from flax import nnx
 
 from rynn_jax.models import build, rope
 from rynn_jax.models.control import ControlBranch
+from rynn_jax.models.fp8 import Fp8Linear
 from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed, rms_norm
 from rynn_jax.sharding import constrain
 
@@ -162,26 +163,43 @@ class WanAttention(nnx.Module):
         self.o = linear(cfg, d, d, ("heads", "embed"), rngs, fp8=cfg.fp8)
         self.norm_q = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
         self.norm_k = param(rngs, nnx.initializers.ones_init(), (d,), cfg.param_dtype, ("heads",))
+        # Serving layout only (`fuse_qkv`): q, k, v as one (D, 3D) linear, and q/k/v set to None.
+        self.qkv: nnx.Linear | Fp8Linear | None = nnx.data(None)
 
     # Pieces, so the causal student can cache K/V and attend over a cache with the same weights.
 
     def query(self, x_bld: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
         """Normed, head-split (and rotated) queries (B, L, N, H)."""
-        cfg = self.cfg
-        q = rms_norm(self.q(x_bld.astype(jnp.dtype(cfg.dtype))), self.norm_q[...], cfg.eps)
-        q_blnh = q.reshape(*q.shape[:2], cfg.num_heads, cfg.head_dim)
-        return q_blnh if rope_cs is None else rope.apply_rope(q_blnh, *rope_cs)
+        return self._query_heads(self.q(x_bld.astype(jnp.dtype(self.cfg.dtype))), rope_cs)
 
     def key_value(self, kv_bsd: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None = None
                   ) -> tuple[jax.Array, jax.Array]:
         """Normed keys (rotated when rope_cs is given) and values, each (B, S, N, H)."""
-        cfg = self.cfg
-        kv_bsd = kv_bsd.astype(jnp.dtype(cfg.dtype))
-        k = rms_norm(self.k(kv_bsd), self.norm_k[...], cfg.eps)
-        v = self.v(kv_bsd)
-        split = lambda a: a.reshape(*a.shape[:2], cfg.num_heads, cfg.head_dim)  # noqa: E731
-        k_bsnh, v_bsnh = split(k), split(v)
-        return (k_bsnh if rope_cs is None else rope.apply_rope(k_bsnh, *rope_cs)), v_bsnh
+        kv_bsd = kv_bsd.astype(jnp.dtype(self.cfg.dtype))
+        return self._key_value_heads(self.k(kv_bsd), self.v(kv_bsd), rope_cs)
+
+    def self_qkv(self, x_bld: jax.Array, q_rope: tuple[jax.Array, jax.Array] | None,
+                 k_rope: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Self-attention queries, keys, values (B, L, N, H) of one input; one GEMM when the
+        projections are fused (the serving layout, `fuse_qkv`)."""
+        x_bld = x_bld.astype(jnp.dtype(self.cfg.dtype))
+        if self.qkv is None:
+            q, k, v = self.q(x_bld), self.k(x_bld), self.v(x_bld)
+        else:
+            q, k, v = jnp.split(self.qkv(x_bld), 3, axis=-1)
+        return self._query_heads(q, q_rope), *self._key_value_heads(k, v, k_rope)
+
+    def _heads(self, a_bld: jax.Array) -> jax.Array:
+        return a_bld.reshape(*a_bld.shape[:2], self.cfg.num_heads, self.cfg.head_dim)
+
+    def _query_heads(self, q_bld: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+        q_blnh = self._heads(rms_norm(q_bld, self.norm_q[...], self.cfg.eps))
+        return q_blnh if rope_cs is None else rope.apply_rope(q_blnh, *rope_cs)
+
+    def _key_value_heads(self, k_bsd: jax.Array, v_bsd: jax.Array, rope_cs: tuple[jax.Array, jax.Array] | None
+                         ) -> tuple[jax.Array, jax.Array]:
+        k_bsnh = self._heads(rms_norm(k_bsd, self.norm_k[...], self.cfg.eps))
+        return (k_bsnh if rope_cs is None else rope.apply_rope(k_bsnh, *rope_cs)), self._heads(v_bsd)
 
     def attend(self, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
                mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
@@ -200,8 +218,10 @@ class WanAttention(nnx.Module):
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
                  rope_cs: tuple[jax.Array, jax.Array] | None = None, kv_len_b: jax.Array | None = None
                  ) -> jax.Array:
-        q_blnh = self.query(x_bld, rope_cs)
-        k_bsnh, v_bsnh = self.key_value(x_bld if ctx_bsd is None else ctx_bsd, rope_cs)
+        if ctx_bsd is None:
+            q_blnh, k_bsnh, v_bsnh = self.self_qkv(x_bld, rope_cs, rope_cs)
+        else:
+            q_blnh, (k_bsnh, v_bsnh) = self.query(x_bld, rope_cs), self.key_value(ctx_bsd, rope_cs)
         return self.attend(q_blnh, k_bsnh, v_bsnh, kv_len_b=kv_len_b)
 
 
@@ -448,7 +468,7 @@ def abstract_dit(cfg: WanDiTConfig) -> WanDiT:
     return build.abstract_model(WanDiT, cfg)
 
 
-def unrolled(model: WanDiT) -> WanDiT:
+def unrolled(model: WanDiT, *, fuse_self_qkv: bool = True) -> WanDiT:
     """The serving layout: the layer scan fully unrolled and every block a module of its own
     (`blocks` an nnx.List of per-layer weights instead of (num_layers, …) stacked arrays), for
     serving, where nothing is differentiated. Copies the block weights out of the stacked arrays
@@ -458,8 +478,7 @@ def unrolled(model: WanDiT) -> WanDiT:
     copying each layer's weights out of the stacked arrays; unrolling the scan made the slices
     static, but XLA still copies a static slice that feeds a cuBLAS call (the bf16 FFN
     up-projection, every FP8 GEMM's weight). Per-layer arrays need no slicing: bf16 forward 25.2 →
-    24.4 ms, causal block step −13%, compile 68 → 16 s (the FP8 forward is 1.2 ms slower, its q/k/v
-    weights then being concatenated per call)."""
+    24.4 ms, causal block step −13%, compile 68 → 16 s. `fuse_self_qkv`: see `fuse_qkv`."""
     if isinstance(model.blocks, nnx.List):  # already unrolled
         return model
     cfg = dataclasses.replace(model.cfg, scan_unroll=model.cfg.num_layers)
@@ -471,9 +490,37 @@ def unrolled(model: WanDiT) -> WanDiT:
     for i in range(cfg.num_layers):
         block_graphdef, block_state = nnx.split(build.abstract_model(WanBlock, cfg))
         nnx.replace_by_pure_dict(block_state, slice_layer(stacked, i))
-        layers.append(nnx.merge(block_graphdef, block_state))
+        block = nnx.merge(block_graphdef, block_state)
+        if fuse_self_qkv:
+            fuse_qkv(block.self_attn)
+        layers.append(block)
     out.blocks = nnx.List(layers)
     return out
+
+
+def fuse_qkv(attn: WanAttention) -> None:
+    """In place: replaces a self-attention's q, k, v linears by one (D, 3D) linear (`attn.qkv`;
+    FP8 kernels stay quantized per output channel, so their scales just concatenate). Serving
+    only: checkpoints and training keep the three (diffusers' layout).
+
+    Why: XLA's GPU dot merger joins the three GEMMs that read the same input anyway, but with
+    per-layer weights it then concatenates the three weights on every call (40 concatenations per
+    FP8 forward, ≈ 2 × 57 MB per bf16 block); a pre-concatenated kernel makes it one plain GEMM."""
+    parts = (attn.q, attn.k, attn.v)
+    if attn.qkv is not None or any(type(p) not in (nnx.Linear, Fp8Linear) for p in parts):
+        return  # already fused, or adapted (LoRA): left as three linears
+    with nnx.use_eager_sharding(False):
+        fused = nnx.eval_shape(lambda: linear(attn.cfg, attn.cfg.dim, 3 * attn.cfg.dim, ("embed", "heads"),
+                                              nnx.Rngs(0), fp8=isinstance(attn.q, Fp8Linear)))
+    graphdef, state = nnx.split(fused)
+    values = nnx.to_pure_dict(state)  # kernel, bias (+ kernel_scale): each 3× a part on one axis
+    for name, shape in values.items():
+        arrays = [getattr(p, name)[...] for p in parts]
+        axis = next(i for i, (n, m) in enumerate(zip(shape.shape, arrays[0].shape)) if n != m)
+        values[name] = jnp.concatenate(arrays, axis=axis)
+    nnx.replace_by_pure_dict(state, values)
+    attn.qkv = nnx.merge(graphdef, state)
+    attn.q = attn.k = attn.v = None
 
 
 def dit_from_params(cfg: WanDiTConfig, params: dict) -> WanDiT:
