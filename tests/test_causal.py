@@ -271,5 +271,14 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     assert float((jnp.abs(want) < 0.999).mean()) > 0.3  # many unclamped values: the check has teeth
     np.testing.assert_allclose(rgb[:, 3:], want, atol=1e-4)
     assert float(jnp.abs(rgb[:, :3]).max()) == 0.0  # the first call's start-up frames
+    # The tiny autoencoder encodes a block in one call (Codec.whole_blocks): the same latents as one
+    # chunk per call, and as the whole-clip encode of frame 0 (index 3 of the first chunk) onwards.
+    fresh = tae.init_encode_cache(tcfg, 1, 32, 64)
+    z_block = jax.jit(lambda c, x: streaming.encode_block(dec, dec_params, c, x)[0])(fresh, skeleton)
+    per_chunk = dataclasses.replace(dec, whole_blocks=False)
+    z_chunks = jax.jit(lambda c, x: streaming.encode_block(per_chunk, dec_params, c, x)[0])(fresh, skeleton)
+    assert z_block.shape == (1, 2, 2, 4, 4)
+    np.testing.assert_allclose(z_block, z_chunks, atol=1e-5)
+    np.testing.assert_allclose(z_block, tae.encode(dec.graphdef, dec_params, skeleton[:, 3:]), atol=1e-5)
     with pytest.raises(ValueError, match="decoder makes 48-channel latents, the DiT takes 4"):
         streaming.StreamingSession(dit, vae, ccfg, scfg, chunk_frames=4, decoder=tae.abstract_tae(tae.TAEConfig.wan22()))

@@ -242,6 +242,12 @@ def test_streaming_encode_equals_whole_clip(ours, video, latents):
     # A reused cache: the first call ignores what it holds.
     z0, _ = encode_chunk(*ours, {**cache, "step": jnp.zeros((), jnp.int32)}, chunks[0], normalize=False)
     np.testing.assert_allclose(z0, outs[0], atol=1e-6)
+    # Two chunks in one call (the first call, told statically), then the third: the same latents.
+    z01, cache2 = encode_chunk(*ours, T.init_encode_cache(CFG, B, H, W), jnp.concatenate(chunks[:2], axis=1),
+                               normalize=False, first=True)
+    z2, _ = encode_chunk(*ours, cache2, chunks[2], normalize=False)
+    assert z01.shape[1] == 2
+    np.testing.assert_allclose(jnp.concatenate([z01, z2], axis=1), jnp.concatenate(outs, axis=1), atol=1e-5)
 
 
 def test_streaming_decode_equals_whole_clip(ours, latents):
@@ -261,6 +267,11 @@ def test_streaming_decode_equals_whole_clip(ours, latents):
     err = rel_l2(jnp.concatenate(outs, axis=1)[:, 3:], whole)
     print(f"streaming decode rel L2 {err:.1e}")
     assert err <= 1e-5
+    # Two latents in one call, then the rest: the same frames.
+    y01, cache2 = decode_chunk(*ours, T.init_decode_cache(CFG, B, H, W), raw[:, :2], normalize=False)
+    y2, _ = decode_chunk(*ours, cache2, raw[:, 2:], normalize=False)
+    assert y01.shape[1] == 8 and not np.any(np.asarray(y01[:, :3]))
+    np.testing.assert_allclose(jnp.concatenate([y01, y2], axis=1), jnp.concatenate(outs, axis=1), atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,12 +307,13 @@ def test_bad_frame_counts_and_shapes(ours, video, latents):
     with pytest.raises(ValueError, match=r"1 \+ 4·k frames"):
         T.encode(*ours, video[:, :8])
     cache = T.init_encode_cache(CFG, B, H, W)
-    with pytest.raises(ValueError, match="takes 4 frames a call"):
-        T.encode_chunk(*ours, cache, video[:, :3])
+    for bad in (video[:, :3], video[:, :6], video[:, :0]):
+        with pytest.raises(ValueError, match="positive multiple of 4 frames"):
+            T.encode_chunk(*ours, cache, bad)
     with pytest.raises(ValueError, match="multiples of 16"):
         T.encode_chunk(*ours, cache, video[:, :4, :24])
-    with pytest.raises(ValueError, match="one latent frame"):
-        T.decode_chunk(*ours, T.init_decode_cache(CFG, B, H, W), latents[:, :2])
+    with pytest.raises(ValueError, match="at least one latent frame"):
+        T.decode_chunk(*ours, T.init_decode_cache(CFG, B, H, W), latents[:, :0])
     with pytest.raises(ValueError, match="latents must be"):
         T.decode(*ours, latents[..., :3])
     with pytest.raises(ValueError, match="time_pad"):

@@ -47,6 +47,8 @@ Streaming contract (same signatures and first call as vae.py, so a session can s
     frames. Only an encoder with lookahead (one latent of latency) could stream the latter.
   * decode_chunk: every call emits 4 frames; on the first call frames 0..2 are the reference's
     start-up frames (trimmed by `decode`) and are returned as zeros, as vae.decode_chunk does.
+  * Beyond vae.py's contract, a call may also take k chunks at once (4k frames / k latents): the
+    same result as k calls, in one parallel pass (streaming.Codec.whole_blocks uses it).
   * The cache is {"step": int32, "layers": [encoder|decoder stage][block] → (B, 1, h, w, C)}, the
     last input frame of every MemBlock. Within a call all frames run in parallel (each block sees
     concat(memory, x[:-1]) as its past). The first call ignores the cache's contents; `first=None`
@@ -496,21 +498,25 @@ def init_encode_cache(cfg: TAEConfig, batch: int, height: int, width: int,
 
 def encode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, frames_bthwc: jax.Array,
                  *, normalize: bool = True, first: bool | None = None) -> tuple[jax.Array, Cache]:
-    """One streaming step: (B, 4, H, W, 3) frames → (B, 1, H/16, W/16, z) latents, new cache.
+    """One streaming step: (B, 4k, H, W, 3) frames → (B, k, H/16, W/16, z) latents, new cache.
 
-    The first call (cache step 0) reads only frames[:, -1] (video frame 0; pass e.g. frame 0
-    repeated 4 times), later calls the next 4 frames. Concatenating the outputs equals `encode` of
-    the clip (time_pad="front"). `first=None` picks the case on the device from the cache's step
-    counter; a caller that knows it statically passes True/False.
+    The usual call is one chunk of 4 frames (k = 1, the Wan VAE's contract); k > 1 chunks in one
+    call give the same latents as k calls (every layer sees one frame of memory, so the chunks run
+    in parallel over time). The first call (cache step 0) reads only frames[:, 3] of its first
+    chunk (video frame 0; pass e.g. frame 0 repeated 4 times), then 4 frames per latent.
+    Concatenating the outputs equals `encode` of the clip (time_pad="front"). `first=None` picks
+    the case on the device from the cache's step counter; a caller that knows it statically passes
+    True/False.
     """
     model = nnx.merge(graphdef, params)
     cfg = model.cfg
     s = cfg.temporal_stride
     _check_frames(frames_bthwc.shape, cfg, "frames")
-    if frames_bthwc.shape[1] != s:
-        raise ValueError(f"encode_chunk takes {s} frames a call, got {frames_bthwc.shape[1]}")
+    if frames_bthwc.shape[1] == 0 or frames_bthwc.shape[1] % s:
+        raise ValueError(f"encode_chunk takes a positive multiple of {s} frames a call, got {frames_bthwc.shape[1]}")
     is_first = cache["step"] == 0 if first is None else bool(first)
-    held = jnp.repeat(frames_bthwc[:, -1:], s, axis=1)  # a still frame, as the reference pads one
+    # first call: a still first chunk, frame 0 held, as the reference pads the clip's start
+    held = jnp.concatenate([jnp.repeat(frames_bthwc[:, s - 1:s], s, axis=1), frames_bthwc[:, s:]], axis=1)
     if isinstance(is_first, bool):
         x = held if is_first else frames_bthwc
     else:
@@ -531,17 +537,19 @@ def init_decode_cache(cfg: TAEConfig, batch: int, height: int, width: int,
 
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, latent_b1hwz: jax.Array,
                  *, normalize: bool = True, first: bool | None = None) -> tuple[jax.Array, Cache]:
-    """One streaming step: (B, 1, h, w, z) latent → (B, 4, 16h, 16w, 3) frames, new cache.
+    """One streaming step: (B, k, h, w, z) latents → (B, 4k, 16h, 16w, 3) frames, new cache.
 
-    The first call (cache step 0) returns video frame 0 at index 3 and zeros at 0..2 (where the
-    decoder emits its start-up frames), so concatenating all outputs and dropping the first 3
-    frames equals `decode` of the clip. `first`: as in `encode_chunk`.
+    The usual call is one latent (k = 1, the Wan VAE's contract); k > 1 latents in one call give
+    the same frames as k calls (see `encode_chunk`). The first call (cache step 0) returns video
+    frame 0 at index 3 and zeros at 0..2 (where the decoder emits its start-up frames), so
+    concatenating all outputs and dropping the first 3 frames equals `decode` of the clip.
+    `first`: as in `encode_chunk`.
     """
     model = nnx.merge(graphdef, params)
     cfg = model.cfg
-    _check_latents(latent_b1hwz.shape, cfg, "decode_chunk's latent")
-    if latent_b1hwz.shape[1] != 1:
-        raise ValueError(f"decode_chunk takes one latent frame (B,1,h,w,z): {latent_b1hwz.shape}")
+    _check_latents(latent_b1hwz.shape, cfg, "decode_chunk's latents")
+    if latent_b1hwz.shape[1] == 0:
+        raise ValueError(f"decode_chunk needs at least one latent frame (B,k,h,w,z): {latent_b1hwz.shape}")
     is_first = cache["step"] == 0 if first is None else bool(first)
     y, new_memory = model.decode_frames(latent_b1hwz, _memory(cache, is_first), normalize)
     startup = (jnp.arange(y.shape[1]) < cfg.decoder_temporal_stride - 1)[:, None, None, None]

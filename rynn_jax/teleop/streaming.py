@@ -187,21 +187,27 @@ def _all_finite(x: jax.Array) -> jax.Array:
 class Codec:
     """How one pixel codec streams: its module's functions (`rynn_jax.models.vae`, the exact Wan2.2
     VAE, or `rynn_jax.models.tae`, the tiny autoencoder of the same latent space: same signatures)
-    and its graphdef. Its params travel separately, as jit arguments."""
+    and its graphdef. Its params travel separately, as jit arguments. `whole_blocks`: the codec
+    streams a whole block (F latents ↔ 4F frames) in one call, the same result as F calls (the tiny
+    autoencoder: one frame of memory per layer, so its chunks run in parallel over time); the Wan
+    VAE takes one chunk per call, in a scan."""
     lib: Any
     graphdef: nnx.GraphDef
     cfg: Any
+    whole_blocks: bool = False
 
     @classmethod
     def split(cls, model: WanVAE | TinyAutoencoder) -> tuple[Codec, nnx.State]:
         graphdef, params = nnx.split(model)
-        return cls(tae_lib if isinstance(model, TinyAutoencoder) else vae_lib, graphdef, model.cfg), params
+        if isinstance(model, TinyAutoencoder):
+            return cls(tae_lib, graphdef, model.cfg, whole_blocks=True), params
+        return cls(vae_lib, graphdef, model.cfg), params
 
-    def encode_chunk(self, params: nnx.State, cache: Any, frames_b4hw3: jax.Array) -> tuple[jax.Array, Any]:
-        return self.lib.encode_chunk(self.graphdef, params, cache, frames_b4hw3)
+    def encode_chunk(self, params: nnx.State, cache: Any, frames_bthw3: jax.Array) -> tuple[jax.Array, Any]:
+        return self.lib.encode_chunk(self.graphdef, params, cache, frames_bthw3)
 
-    def decode_chunk(self, params: nnx.State, cache: Any, latent_b1hwc: jax.Array) -> tuple[jax.Array, Any]:
-        return self.lib.decode_chunk(self.graphdef, params, cache, latent_b1hwc)
+    def decode_chunk(self, params: nnx.State, cache: Any, latents_bfhwc: jax.Array) -> tuple[jax.Array, Any]:
+        return self.lib.decode_chunk(self.graphdef, params, cache, latents_bfhwc)
 
     def encode_image(self, params: nnx.State, fresh_cache: Any, image_bhw3: jax.Array) -> jax.Array:
         """One image → its latent (B, 1, h, w, z), as a stream's first call (on a zero cache)."""
@@ -211,6 +217,8 @@ class Codec:
 def encode_block(enc: Codec, enc_params: nnx.State, enc_cache: Any,
                  frames_bthwc: jax.Array) -> tuple[jax.Array, Any]:
     """4·F frames → F latent frames, streaming (a chunk's first call reads only frame 3)."""
+    if enc.whole_blocks:
+        return enc.encode_chunk(enc_params, enc_cache, frames_bthwc)
     b, t = frames_bthwc.shape[:2]
     chunks = frames_bthwc.reshape(b, t // 4, 4, *frames_bthwc.shape[2:]).swapaxes(0, 1)
 
@@ -225,6 +233,9 @@ def encode_block(enc: Codec, enc_params: nnx.State, enc_cache: Any,
 def decode_block(dec: Codec, dec_params: nnx.State, dec_cache: Any,
                  latents_bfhwc: jax.Array) -> tuple[jax.Array, Any]:
     """F latent frames → 4·F frames (a chunk's first call gives its frame at index 3, zeros before)."""
+    if dec.whole_blocks:
+        return dec.decode_chunk(dec_params, dec_cache, latents_bfhwc)
+
     def body(cache, z_bhwc):
         y, cache = dec.decode_chunk(dec_params, cache, z_bhwc[:, None])
         return cache, y
