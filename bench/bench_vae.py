@@ -55,8 +55,9 @@ def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: 
 
 
 def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int, iters: int, impl: str,
-                    k: int) -> list[dict]:
-    """Median time of a later streaming call (past the first) with k latents ↔ 4k frames per call."""
+                    k: int, checks: Checks | None) -> list[dict]:
+    """Median time of a later streaming call (past the first) with k latents ↔ 4k frames per call.
+    k > 1: the last timed outputs must be finite (k = 1 is held to the whole clip, `check_streaming`)."""
     import functools
 
     import jax
@@ -71,8 +72,8 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
 
     def one_decode():
         i = 1 + (state["i"] - 1) % ((latent_frames - 1) // k) * k
-        out, state["cache"] = dec_step(params, state["cache"], z[:, i:i + k])
-        out.block_until_ready()
+        state["out"], state["cache"] = dec_step(params, state["cache"], z[:, i:i + k])
+        state["out"].block_until_ready()
         state["i"] += 1
 
     t_dec = time_ms(one_decode, 2, iters)
@@ -84,10 +85,13 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
     estate = {"cache": ecache}
 
     def one_encode():
-        out, estate["cache"] = enc_step(params, estate["cache"], video[:, 1:1 + 4 * k])
-        out.block_until_ready()
+        estate["out"], estate["cache"] = enc_step(params, estate["cache"], video[:, 1:1 + 4 * k])
+        estate["out"].block_until_ready()
 
     t_enc = time_ms(one_encode, 2, iters)
+    if k > 1 and checks is not None:
+        checks.finite(f"{impl}: stream decode, {k} per call", state["out"])
+        checks.finite(f"{impl}: stream encode, {k} per call", estate["out"])
     many = lambda n, what: f"{n} {what}" + ("s" if n > 1 else "")  # noqa: E731
     return [dict(impl=impl, op=f"stream decode ({many(k, 'latent')} → {4 * k} frames)", latents_per_call=k,
                  median_ms=statistics.median(t_dec), per_frame_ms=statistics.median(t_dec) / (4 * k)),
@@ -124,7 +128,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
 
     # The tiny autoencoder also streams k chunks per call (one block of the causal student: 3).
     for k in (1, 3) if codec == "tae" and latent_frames > 3 else (1,):
-        rows += _time_streaming(V, graphdef, params, cfg, z, video, height, width, iters, impl, k)
+        rows += _time_streaming(V, graphdef, params, cfg, z, video, height, width, iters, impl, k, checks)
         if k == 1 and checks is not None:
             check_streaming(checks, V, graphdef, params, cfg, z, video, height, width)
     for op, fn, x in (("decode", V.decode, z), ("encode", V.encode, video)) if whole else ():

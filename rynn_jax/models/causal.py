@@ -259,7 +259,7 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
     (2 × 8190 tokens) would be 13 GB of logits per layer with XLA attention.
 
     `cfg.token_multiple` tail-pads the whole sequence (2 × 8190 → 16384 with the 5B recipes' 16):
-    the pads are no block's keys and their own attention output is zero."""
+    the pads are no block's keys, and their own outputs are dropped before the head."""
     cfg = model.cfg
     grid = token_grid(z_bthwc.shape, cfg)
     f, tokens = grid[0], grid[1] * grid[2]
