@@ -13,7 +13,8 @@ from flax import nnx
 from rynn_jax.convert import flatten_params
 from rynn_jax.models import dit
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
-from rynn_jax.models.fp8 import fp8_matmul, quantize_dit, quantize_weight
+from rynn_jax.models import fp8
+from rynn_jax.models.fp8 import calibrate, fp8_matmul, quantize_dit, quantize_weight
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
@@ -92,6 +93,29 @@ def test_fp8_matmul_error_and_exact_scale_algebra():
     assert rel_l2(out_bf16, ref) <= 4e-2
 
 
+def test_fp8_matmul_static_scale_matches_dequantized_and_saturates():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    x[0, 1, 7] = 40.0  # beyond the static range below: saturates at 448 · scale
+    w = _weights(rng, (64, 24))
+    w8, w_scale = quantize_weight(jnp.asarray(w))
+    x_scale = np.float32(5.0 / 448)
+    out = np.asarray(jax.jit(fp8_matmul, static_argnums=3)(jnp.asarray(x), w8.T, w_scale, jnp.float32,
+                                                            jnp.asarray([x_scale])))
+    x8 = np.clip(x / x_scale, -448, 448).astype(E4M3)  # independent numpy quantization
+    assert x8[0, 1, 7].astype(np.float32) == 448.0
+    w8_np, w_scale_np = _quantize_np(w, axis=0)
+    deq = (x8.astype(np.float32) * x_scale).astype(np.float64) @ (w8_np.astype(np.float32) * w_scale_np)
+    np.testing.assert_allclose(out, deq, rtol=1e-5, atol=1e-6 * np.abs(deq).max())
+    # inside the calibrated range the error is that of FP8 rounding (≤ 2**-4 per operand); the
+    # saturated token is far off
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    inside = np.ones(x.shape[:2], bool)
+    inside[0, 1] = False
+    assert rel_l2(out[inside], ref[inside]) <= 2 * 2.0 ** -4
+    assert rel_l2(out[0, 1], ref[0, 1]) > 0.2
+
+
 # --------------------------------------------------------------------------------------------------
 # Tiny DiT
 # --------------------------------------------------------------------------------------------------
@@ -158,6 +182,79 @@ def test_quantized_tiny_dit_close_to_float(tiny):
     assert rel_l2(out_unrolled, out) <= 1e-6, rel_l2(out_unrolled, out)
 
 
+def _calibration_batches(inputs):
+    z, t, ctx = inputs
+    return [(z, t, ctx), (-0.5 * z, jnp.flip(t, 0), ctx)]  # two batches, different timesteps
+
+
+def test_calibrate_sets_static_scales_from_observed_amax(tiny, monkeypatch):
+    model, inputs = tiny
+    q = quantize_dit(model)
+    batches = _calibration_batches(inputs)
+    static = calibrate(q, lambda m, b: m(*b), batches, progress=False)
+    assert static.cfg.fp8_activations == "static" and q.cfg.fp8_activations == "per_token"
+    flat_q = flatten_params(nnx.to_pure_dict(nnx.state(q)))
+    flat_s = flatten_params(nnx.to_pure_dict(nnx.state(static)))
+    linears = _fp8_linear_paths(q)
+    assert set(flat_s) == set(flat_q) | {p + ("input_scale",) for p in linears}
+    for path, value in flat_q.items():  # the weights are the same arrays
+        assert np.array_equal(np.asarray(value).view(np.uint8), np.asarray(flat_s[path]).view(np.uint8)), path
+
+    # Oracle: the largest |input| each linear sees, recorded eagerly through fp8_matmul itself
+    # (per-token model, per-layer modules) and matched to its layer by the kernel's values.
+    seen: list[tuple[np.ndarray, float]] = []
+    real = fp8.fp8_matmul
+
+    def recording(x, w, w_scale, out_dtype, x_scale=None):
+        seen.append((np.asarray(w), float(jnp.max(jnp.abs(x.astype(jnp.float32))))))
+        return real(x, w, w_scale, out_dtype, x_scale)
+
+    monkeypatch.setattr(fp8, "fp8_matmul", recording)
+    per_layer = dit.unrolled(q, fuse_self_qkv=False)
+    for b in batches:
+        per_layer(*b)
+    monkeypatch.undo()
+    for lin in linears:
+        kernels = np.asarray(flat_q[lin + ("kernel",)])
+        for i in range(3):
+            amax = max(a for w, a in seen if np.array_equal(w.view(np.uint8), kernels[i].view(np.uint8)))
+            got = float(flat_s[lin + ("input_scale",)][i, 0])
+            np.testing.assert_allclose(got, amax * np.float32(1 / 448), rtol=1e-5, err_msg=str((lin, i)))
+
+    ref = _run(model, inputs)
+    out = _run(static, inputs)
+    err, err_per_token = rel_l2(out, ref), rel_l2(_run(q, inputs), ref)
+    assert 0 < err <= 1e-1 and err <= 1.5 * err_per_token, (err, err_per_token)
+    served = dit.unrolled(static)  # fused q/k/v: their (equal) scales become one
+    assert served.blocks[0].self_attn.qkv.input_scale[...].shape == (1,)
+    assert rel_l2(_run(served, inputs), out) <= 1e-6
+    # a checkpoint of the static model restores it
+    again = dit.dit_from_params(static.cfg, nnx.to_pure_dict(nnx.state(static)))
+    assert np.array_equal(_run(again, inputs), out)
+    # margin scales the scales
+    wide = calibrate(q, lambda m, b: m(*b), batches, margin=2.0, progress=False)
+    np.testing.assert_allclose(np.asarray(wide.blocks.ffn_down.input_scale[...]),
+                               2 * np.asarray(static.blocks.ffn_down.input_scale[...]), rtol=1e-6)
+
+
+def test_calibrate_errors(tiny):
+    model, inputs = tiny
+    q = quantize_dit(model)
+    run = lambda m, b: m(*b)  # noqa: E731
+    with pytest.raises(ValueError, match="per-token activation scales"):
+        calibrate(model, run, [inputs], progress=False)
+    with pytest.raises(ValueError, match="stacked-layer model"):
+        calibrate(dit.unrolled(q), run, [inputs], progress=False)
+    with pytest.raises(ValueError, match="no calibration batches"):
+        calibrate(q, run, [], progress=False)
+    with pytest.raises(ValueError, match=r"saw no input .*blocks\.0\.ffn_up"):
+        calibrate(q, lambda m, b: m.embed_text(b[2]), [inputs], progress=False)
+    with pytest.raises(ValueError, match="margin"):
+        calibrate(q, run, [inputs], margin=0.5, progress=False)
+    with pytest.raises(ValueError, match="needs fp8=True"):
+        WanDiTConfig.tiny(fp8_activations="static")
+
+
 def test_fresh_fp8_init_is_quantized_float_init():
     cfg = WanDiTConfig.tiny()
     direct = flatten_params(nnx.to_pure_dict(nnx.state(init_dit(WanDiTConfig.tiny(fp8=True), 3))))
@@ -204,6 +301,10 @@ def test_fp8_params_have_logical_axes():
     assert flat[("time_proj", "kernel")].dtype == jnp.float32
     assert flat[("head", "kernel")].dtype == jnp.float32
     assert ("text_embed_1", "kernel_scale") not in flat
+    assert ("blocks", "ffn_up", "input_scale") not in flat  # per-token activation scales: none stored
+    static = abstract_dit(WanDiTConfig.ti2v_5b(fp8=True, fp8_activations="static"))
+    specs = flatten_params(nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(static, nnx.Param))))
+    assert tuple(specs[("blocks", "ffn_up", "input_scale")]) == ("layers", None)
 
 
 def test_streaming_session_serves_a_quantized_dit():
@@ -224,16 +325,21 @@ def test_streaming_session_serves_a_quantized_dit():
     image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
     ctx = rng.standard_normal((1, cfg.text_len, cfg.text_dim)).astype(np.float32)
     skeleton = rng.uniform(-1, 1, (1, 5, 32, 64, 3)).astype(np.float32)
+    # the static-scale model, calibrated on block-shaped latents at the session's kind of timesteps
+    lat = lambda: jnp.asarray(rng.standard_normal((1, 2, 2, 4, 4)), jnp.float32)  # noqa: E731
+    batches = [(lat(), jnp.full((1, 2), t, jnp.float32), jnp.asarray(ctx), lat()) for t in (999.0, 500.0, 0.0)]
+    static = calibrate(quantize_dit(dit_f), lambda m, b: m(*b), batches, progress=False)
     frames = []
-    for dit_model in (dit_f, quantize_dit(dit_f)):
+    for dit_model in (dit_f, quantize_dit(dit_f), static):
         session = streaming.StreamingSession(dit_model, vae, causal.CausalConfig(frames_per_block=2, window_frames=3),
                                              streaming.StepConfig(num_steps=2), chunk_frames=4)
         session.start(image, ctx, jax.random.key(0))
         frames.append(np.asarray(session.step(skeleton)))
-    assert session.dit_cfg.fp8 and dataclasses.is_dataclass(session.dit_cfg)
-    assert frames[1].shape == (1, 5, 32, 64, 3) and np.isfinite(frames[1]).all()
-    err = rel_l2(frames[1], frames[0])
-    assert 0 < err <= 1e-1, f"fp8 vs float streaming frames rel L2 {err:.3e}"
+    assert session.dit_cfg.fp8_activations == "static" and dataclasses.is_dataclass(session.dit_cfg)
+    for name, got in (("per-token", frames[1]), ("static", frames[2])):
+        assert got.shape == (1, 5, 32, 64, 3) and np.isfinite(got).all()
+        err = rel_l2(got, frames[0])
+        assert 0 < err <= 1e-1, f"fp8 ({name} activation scales) vs float streaming frames rel L2 {err:.3e}"
 
 
 def test_fp8_programs_compile_for_cublaslt_on_gpu(monkeypatch):

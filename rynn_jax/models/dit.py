@@ -68,12 +68,19 @@ class WanDiTConfig:
     control_stats_momentum: float = 0.01  # EMA momentum of the running control-latent statistics
     control_prior_mean: float = 0.0  # μ_z when no ground-truth latent is given (inference)
     control_prior_std: float = 0.8  # σ_z likewise
-    # Serving: block linears as FP8 e4m3 GEMMs, per-channel weight/per-token activation scales (fp8.quantize_dit).
+    # Serving: block linears as FP8 e4m3 GEMMs with per-channel weight scales (fp8.quantize_dit)
+    # and activation scales per token at every call, or "static": one calibrated scale per linear
+    # (fp8.calibrate; no max reduction per call, the quantization fuses into the producer).
     fp8: bool = False
+    fp8_activations: Literal["per_token", "static"] = "per_token"
 
     def __post_init__(self) -> None:
         if self.token_multiple < 1:
             raise ValueError(f"token_multiple must be ≥ 1, got {self.token_multiple}")
+        if self.fp8_activations not in ("per_token", "static"):
+            raise ValueError(f"fp8_activations must be 'per_token' or 'static', got {self.fp8_activations!r}")
+        if self.fp8_activations == "static" and not self.fp8:
+            raise ValueError("fp8_activations='static' needs fp8=True")
 
     @property
     def head_dim(self) -> int:
@@ -516,6 +523,9 @@ def fuse_qkv(attn: WanAttention) -> None:
     values = nnx.to_pure_dict(state)  # kernel, bias (+ kernel_scale): each 3× a part on one axis
     for name, shape in values.items():
         arrays = [getattr(p, name)[...] for p in parts]
+        if shape.shape == arrays[0].shape:  # FP8 static input_scale: one input, one scale (max clips none)
+            values[name] = jnp.max(jnp.stack(arrays), axis=0)
+            continue
         axis = next(i for i, (n, m) in enumerate(zip(shape.shape, arrays[0].shape)) if n != m)
         values[name] = jnp.concatenate(arrays, axis=axis)
     nnx.replace_by_pure_dict(state, values)

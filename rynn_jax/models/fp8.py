@@ -1,20 +1,25 @@
 """FP8 (e4m3) serving path for the DiT's transformer-block linear layers.
 
 Opt in with `WanDiTConfig(fp8=True)`; build such a model from a trained (bf16/f32) one with
-`quantize_dit`. Weights are stored as float8_e4m3fn with one float32 scale per output channel;
-activations are quantized on the fly with one scale per token. The matmul itself runs on the two
-FP8 operands (`fp8_matmul`), the form XLA's GPU GEMM rewriter can hand to cuBLASLt's FP8 GEMM on
-Hopper. Only the serving forward is meant to use this: nothing here is differentiable in a useful way.
+`quantize_dit`. Weights are stored as float8_e4m3fn with one float32 scale per output channel.
+Activations are quantized on the fly, with one of two scalings (`WanDiTConfig.fp8_activations`):
+"per_token" (quantize_dit's default) takes each token's max |x| at every call; "static" uses one
+calibrated scale per linear layer (`calibrate`), which saves the max reduction and lets XLA fuse
+the quantization into the op that produces the activation. The matmul itself runs on the two FP8
+operands (`fp8_matmul`), the form XLA's GPU GEMM rewriter can hand to cuBLASLt's FP8 GEMM on Hopper.
+Only the serving forward is meant to use this: nothing here is differentiable in a useful way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from tqdm import tqdm
 
 if TYPE_CHECKING:
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
@@ -59,9 +64,11 @@ def quantize_weight(w_io: jax.Array) -> tuple[jax.Array, jax.Array]:
     return _to_fp8(w_io, scale_o[..., None, :]), scale_o
 
 
-def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_dtype) -> jax.Array:
+def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_dtype,
+               x_scale: jax.Array | None = None) -> jax.Array:
     """x @ wᵀ for an FP8 kernel stored (out, in), w ≈ w_f8 · w_scale, with x quantized per token
-    (row) on the fly. The (out, in) layout puts the contracted axis minor-most in both operands,
+    (row) on the fly, or with the given one-element `x_scale` (static scaling: |x| beyond 448·x_scale
+    saturates). The (out, in) layout puts the contracted axis minor-most in both operands,
     the only FP8 layout cuBLASLt takes on Hopper ("TN"); an (in, out) kernel would make XLA
     transpose every weight on every call.
 
@@ -73,22 +80,31 @@ def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_d
         (x_f8 · s_x[:, None]) @ (w_f8 · s_w[None, :]) = (x_f8 @ w_f8) · (s_x[:, None] · s_w[None, :]).
     """
     out_dtype = jnp.dtype(out_dtype)
-    x_scale = _scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
+    if x_scale is None:
+        x_scale = _scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
+    else:
+        x_scale = x_scale.astype(jnp.float32)
     x_f8 = _to_fp8(x_bli, x_scale)
     y = jax.lax.dot_general(x_f8, w_f8_oi, (((x_f8.ndim - 1,), (1,)), ((), ())),
                             preferred_element_type=out_dtype)
     return (y.astype(jnp.float32) * (x_scale * w_scale_o.astype(jnp.float32))).astype(out_dtype)
 
 
+class Fp8InputAmax(nnx.Variable):
+    """Running max |input| of an Fp8Linear, present only while `calibrate` observes the model."""
+
+
 class Fp8Linear(nnx.Module):
     """Drop-in for `layers.linear`'s nnx.Linear with an FP8 kernel: `kernel` (out, in) float8_e4m3fn,
     `kernel_scale` (out,) float32 per output channel, `bias` (out,) in param_dtype; output in dtype.
+    With `static_input_scale`, also `input_scale` (1,) float32, the activation scale (`calibrate`;
+    shaped (1,), not (), so the stacked-layer axis gets its logical name like every other param).
 
     Initialised by quantizing a Xavier-uniform kernel drawn with the same key nnx.Linear would use,
     so a fresh fp8 model is the quantization of the fresh float model with the same seed."""
 
     def __init__(self, d_in: int, d_out: int, names: tuple[str | None, str | None], *,
-                 dtype, param_dtype, rngs: nnx.Rngs):
+                 dtype, param_dtype, rngs: nnx.Rngs, static_input_scale: bool = False):
         self.dtype = jnp.dtype(dtype)
         kernel = nnx.initializers.xavier_uniform()(rngs.params(), (d_in, d_out), jnp.dtype(param_dtype))
         kernel_f8, scale = quantize_weight(kernel)
@@ -97,9 +113,16 @@ class Fp8Linear(nnx.Module):
         self.kernel = nnx.Param(named(kernel_f8.T, (names[1], names[0])))  # (out, in): see fp8_matmul
         self.kernel_scale = nnx.Param(named(scale, (names[1],)))
         self.bias = nnx.Param(named(bias, (names[1],)))
+        # 1 until calibrated: a placeholder, not a usable scale (`calibrate` replaces it).
+        self.input_scale = (nnx.Param(named(jnp.ones((1,), jnp.float32), (None,))) if static_input_scale
+                            else nnx.data(None))
+        self.input_amax: Fp8InputAmax | None = nnx.data(None)  # set by `calibrate` only
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = fp8_matmul(x, self.kernel[...], self.kernel_scale[...], self.dtype)
+        if self.input_amax is not None:  # calibrating
+            self.input_amax[...] = jnp.maximum(self.input_amax[...], jnp.max(jnp.abs(x.astype(jnp.float32))))
+        x_scale = None if self.input_scale is None else self.input_scale[...]
+        y = fp8_matmul(x, self.kernel[...], self.kernel_scale[...], self.dtype, x_scale)
         return y + self.bias[...].astype(self.dtype)
 
 
@@ -113,7 +136,7 @@ def quantize_dit(model: WanDiT) -> WanDiT:
 
     if model.cfg.fp8:
         raise ValueError("quantize_dit: the model is already fp8 (cfg.fp8=True)")
-    cfg = dataclasses.replace(model.cfg, fp8=True)
+    cfg = dataclasses.replace(model.cfg, fp8=True, fp8_activations="per_token")
     graphdef, target = nnx.split(build.abstract_model(WanDiT, cfg))  # eager sharding off inside
     want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
     src = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
@@ -146,5 +169,70 @@ def quantize_dit(model: WanDiT) -> WanDiT:
     unused = sorted(dotted(p) for p in set(src) - used)
     if unused:  # e.g. unmerged LoRA factors, which quantizing would silently drop
         raise ValueError(f"quantize_dit: source variables with no place in the fp8 model: {unused}")
+    nnx.replace_by_pure_dict(target, unflatten_params(values))
+    return nnx.merge(graphdef, target)
+
+
+def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterable[Any], *,
+              margin: float = 1.0, progress: bool = True) -> WanDiT:
+    """Static activation scales for an FP8 model (`quantize_dit`'s output, stacked layers): runs
+    `run(model, batch)` (jitted; any forward — plain, causal, several timesteps) over the
+    calibration batches while every Fp8Linear records the largest |input| it sees, and returns the
+    same weights with cfg.fp8_activations="static" and input_scale = margin · amax / 448 per layer and linear.
+
+    Inputs larger than the calibrated range saturate at ±448 · input_scale at serving time, so
+    calibrate on inputs like those served (every denoising timestep and the t = 0 cache pass);
+    margin > 1 leaves headroom at the cost of resolution near zero. Serve the result through
+    `dit.unrolled` as usual (StreamingSession does)."""
+    from rynn_jax.convert import flatten_params, unflatten_params
+    from rynn_jax.models import build
+    from rynn_jax.models.dit import WanDiT, unrolled
+
+    cfg = model.cfg
+    if not cfg.fp8 or cfg.fp8_activations != "per_token":
+        raise ValueError("calibrate: expects an FP8 model with per-token activation scales (quantize_dit's "
+                         f"output); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
+    if isinstance(model.blocks, nnx.List):
+        raise ValueError("calibrate: pass the stacked-layer model (quantize_dit's output), not dit.unrolled's")
+    if cfg.remat != "none":
+        raise ValueError(f"calibrate: needs remat='none' (got {cfg.remat!r}); the observers cannot record "
+                         "through a rematerialised layer")
+    if not margin >= 1.0:
+        raise ValueError(f"calibrate: margin must be ≥ 1 (got {margin})")
+    # One module per layer (unrolled's Python loop), so each layer's observer is updated in place;
+    # a lax.scan over stacked layers would drop the updates. q, k, v stay separate to keep the paths.
+    probe = unrolled(model, fuse_self_qkv=False)
+    linears = [(tuple(path), m) for path, m in nnx.iter_graph(probe) if isinstance(m, Fp8Linear)]
+    if not linears or any(path[0] != "blocks" for path, _ in linears):  # all FP8 layers live in blocks
+        raise ValueError(f"calibrate: unexpected FP8 layers {[p for p, _ in linears if p[0] != 'blocks']}")
+    for _, lin in linears:
+        lin.input_amax = Fp8InputAmax(jnp.zeros((), jnp.float32))
+    step = nnx.jit(run)
+    n = 0
+    for batch in tqdm(batches, desc="fp8 calibration", unit="batch", disable=not progress):
+        step(probe, batch)
+        n += 1
+    if n == 0:
+        raise ValueError("calibrate: no calibration batches")
+    amax = {path: float(lin.input_amax[...]) for path, lin in linears}
+    dotted = lambda path: ".".join(map(str, path))  # noqa: E731
+    bad = sorted(dotted(p) for p, a in amax.items() if not (a > 0 and a < float("inf")))
+    if bad:
+        raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: {bad} "
+                         "(does `run` call every block, with finite inputs?)")
+
+    # Back to the stacked layout: ('blocks', i, *rest) → ('blocks', *rest, 'input_scale')[i].
+    static_cfg = dataclasses.replace(cfg, fp8_activations="static")
+    graphdef, target = nnx.split(build.abstract_model(WanDiT, static_cfg))
+    values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
+    per_layer: dict[tuple, list[float]] = {}
+    for path, a in sorted(amax.items(), key=lambda kv: kv[0][1]):
+        per_layer.setdefault((path[0], *path[2:], "input_scale"), []).append(a)
+    for path, amaxes in per_layer.items():
+        values[path] = _scale(jnp.asarray(amaxes, jnp.float32)[:, None]) * jnp.float32(margin)  # (layers, 1)
+    want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
+    if set(want) != set(values):
+        raise ValueError(f"calibrate: parameters do not match the static model: missing "
+                         f"{sorted(map(dotted, set(want) - set(values)))}, extra {sorted(map(dotted, set(values) - set(want)))}")
     nnx.replace_by_pure_dict(target, unflatten_params(values))
     return nnx.merge(graphdef, target)

@@ -14,9 +14,11 @@ from rynn_jax.models.fp8 import Fp8Linear
 def linear(cfg, d_in: int, d_out: int, names: tuple[str | None, str | None],
            rngs: nnx.Rngs, *, fp8: bool = False) -> nnx.Linear | Fp8Linear:
     """nnx.Linear in cfg.dtype/cfg.param_dtype with logical axis names on kernel and bias; with
-    `fp8`, an `fp8.Fp8Linear` (float8_e4m3fn kernel + per-channel scale) with the same names."""
+    `fp8`, an `fp8.Fp8Linear` (float8_e4m3fn kernel + per-channel scale, + a static input scale
+    when cfg.fp8_activations is "static") with the same names."""
     if fp8:
-        return Fp8Linear(d_in, d_out, names, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        return Fp8Linear(d_in, d_out, names, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs,
+                         static_input_scale=cfg.fp8_activations == "static")
     return nnx.Linear(
         d_in, d_out,
         dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
