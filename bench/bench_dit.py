@@ -12,6 +12,8 @@ text context 512) with cuDNN and XLA attention, the layer scan rolled (training)
 against the bf16 one, counts the GEMM kinds in its compiled HLO (`hlo_gemms` in the row: on an
 H100/H200 the block linears should show up as `__cublas$lt$matmul$f8`). The compiled HLO of every
 variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token multiple>.<layout>.hlo.txt`).
+`--fp8 --fp8-static` also times the FP8 model with calibrated static activation scales
+(`fp8.calibrate`; row "…, fp8 static)"), held to the bf16 output like the per-token one.
 `--token-multiple 1 16` also times the model with its tokens padded (WanDiTConfig.token_multiple).
 `--compiler-options '{"xla_gpu_triton_gemm_any": true}'` also times the bf16 program built with those
 XLA options.
@@ -103,13 +105,13 @@ def _option_rows(option_sets, fn, args: tuple, base_options: dict | None, base_n
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
               attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None,
               token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",),
-              option_sets: tuple[dict, ...] = ()) -> list[dict]:
+              option_sets: tuple[dict, ...] = (), fp8_static: bool = False) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
-    from rynn_jax.models.fp8 import compiler_options, quantize_dit
+    from rynn_jax.models.fp8 import calibrate, compiler_options, quantize_dit
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
@@ -140,6 +142,14 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
+            if fp8_static:  # calibrated activation scales: random inputs at the student's timesteps + 0
+                model_s = calibrate(quantize_dit(nnx.merge(graphdef, state)), lambda m, b: m(*b),
+                                    _calibration_batches(frames[0], (999.0, 937.0, 833.0, 624.0, 0.0)))
+                if layout != "stacked":
+                    model_s = unrolled(model_s, fuse_self_qkv=layout == "per_layer")
+                graphdef_s, state_s = nnx.split(model_s)
+                del model_s
+                fwd_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(z, t, ctx))
         if layout != "stacked":  # the serving layout: per-layer weights (dit.unrolled)
             graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state), fuse_self_qkv=layout == "per_layer"))
 
@@ -178,10 +188,33 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 rows.append(_row(name_q, f, times, compile_s, hlo_gemms=_hlo_gemms(hlo)))
                 rows += _option_rows(option_sets, fwd_q, (state_q, z, t, ctx), opts_q, name_q, out_q, f, iters,
                                      checks)
+            if fp8 and fp8_static:
+                name_s = f"{name[:-1]}, fp8 static)"
+                out_s, times, compile_s, hlo = _compile_and_time(fwd_s, (state_s, z, t, ctx), opts_q, iters)
+                if checks is not None:
+                    checks.finite(f"{name_s}, {f} frames", out_s)
+                    checks.close(f"{name_s} vs bf16, {f} frames", out_s, out, 1e-1)
+                rows.append(_row(name_s, f, times, compile_s, hlo_gemms=_hlo_gemms(hlo)))
         del state
         if fp8:
             del state_q
+        if fp8 and fp8_static:
+            del state_s
     return rows
+
+
+def _calibration_batches(frames: int, timesteps: tuple[float, ...]) -> list[tuple]:
+    """Random 5B-shaped (z, t, ctx) batches, one per timestep (frame 0 clean, as in the timed calls)."""
+    import jax
+    import jax.numpy as jnp
+
+    out = []
+    for i, ts in enumerate(timesteps):
+        key_z, key_c = jax.random.split(jax.random.key(100 + i))
+        z = jax.random.normal(key_z, (1, frames, 30, 52, 48), jnp.bfloat16)
+        t = jnp.concatenate([jnp.zeros((1, 1)), jnp.full((1, frames - 1), ts)], axis=1)
+        out.append((z, t, jax.random.normal(key_c, (1, 512, 4096), jnp.bfloat16)))
+    return out
 
 
 def bench_torch(frames: list[int], iters: int, layers: int | None, compile_: bool) -> list[dict]:
@@ -225,6 +258,9 @@ def main() -> None:
     p.add_argument("--torch", choices=["off", "eager", "compile"], default="eager")
     p.add_argument("--fp8", action="store_true",
                    help="also time each JAX configuration with FP8 block linears (fp8.quantize_dit)")
+    p.add_argument("--fp8-static", action="store_true",
+                   help="with --fp8: also time the FP8 model with calibrated static activation scales "
+                        "(fp8.calibrate on random inputs at 5 timesteps; calibration not timed)")
     p.add_argument("--token-multiple", type=int, nargs="+", default=[1],
                    help="WanDiTConfig.token_multiple variants (16: 1170 tokens run as 1184)")
     p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=["per_layer", "per_layer_split", "stacked"],
@@ -237,6 +273,8 @@ def main() -> None:
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
     a = p.parse_args()
+    if a.fp8_static and not a.fp8:
+        p.error("--fp8-static needs --fp8")
     if a.only_torch:
         print("JSON" + json.dumps(bench_torch(a.frames, a.iters, a.layers, a.torch == "compile")))
         return
@@ -254,7 +292,7 @@ def main() -> None:
     checks = Checks()
     rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks,
                       fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0], token_multiples=tuple(a.token_multiple),
-                      layouts=tuple(a.layouts), option_sets=tuple(a.compiler_options))
+                      layouts=tuple(a.layouts), option_sets=tuple(a.compiler_options), fp8_static=a.fp8_static)
     import jax
 
     for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:

@@ -10,6 +10,9 @@ block, compilation included), per-block latency, and aggregate output FPS (gener
 all sessions per second of wall time, skeleton rendering included) over the chunks after the
 warm-up chunks. Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact
 Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on that side.
+`--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
+(fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
+far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
 """
 
 from __future__ import annotations
@@ -25,14 +28,52 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, write_json  # noqa: E402
 
 
-def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks) -> None:
+def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
+           fp8_calibration: dict | None) -> None:
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
-               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8, token_multiple=a.token_multiple,
-               encoder=a.encoder, decoder=a.decoder, resolution=[a.height, a.width], checks=checks.rows,
-               argv=sys.argv[1:])
+               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
+               fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
+               token_multiple=a.token_multiple, encoder=a.encoder, decoder=a.decoder,
+               resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
+
+
+def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, checks: Checks):
+    """fp8.calibrate on random block latents/control latents at the 4 denoising timesteps and the
+    t = 0 cache pass; then one held-out block (t = 833) through the bf16, per-token FP8 and static
+    FP8 models. Returns (static model, JSON row)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from rynn_jax.models import fp8
+    from rynn_jax.teleop.streaming import StepConfig, step_schedule
+
+    rng = np.random.default_rng(1)
+    lat = lambda: jnp.asarray(rng.standard_normal(latent_shape), jnp.float32)  # noqa: E731
+
+    def batch(t: float):
+        return lat(), jnp.full(latent_shape[:2], t, jnp.float32), ctx, lat()
+
+    timesteps = [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]
+    t0 = time.perf_counter()
+    static = fp8.calibrate(dit_fp8, lambda m, b: m(*b), [batch(t) for t in timesteps])
+    calib_s = time.perf_counter() - t0
+    held = batch(833.0)
+    outs = {}
+    for name, m in (("bf16", dit_float), ("fp8_per_token", dit_fp8), ("fp8_static", static)):
+        graphdef, state = nnx.split(m)
+        fwd = jax.jit(lambda s, b, g=graphdef: nnx.merge(g, s)(*b), compiler_options=fp8.compiler_options(m.cfg))
+        outs[name] = np.asarray(fwd(state, held), np.float64)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
+    row = dict(calibration_timesteps=timesteps, calibration_s=calib_s,
+               rel_l2_vs_bf16={k: rel(outs[k], outs["bf16"]) for k in ("fp8_per_token", "fp8_static")})
+    checks.finite("fp8 static: held-out forward", outs["fp8_static"])
+    print(f"fp8 calibration {calib_s:.1f} s; held-out block rel L2 vs bf16: {row['rel_l2_vs_bf16']}", flush=True)
+    return static, row
 
 
 def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int) -> dict:
@@ -82,6 +123,8 @@ def main() -> None:
                    help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
     p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
     p.add_argument("--fp8", action="store_true", help="serve the DiT with FP8 block linears (fp8.quantize_dit)")
+    p.add_argument("--fp8-activations", choices=["per_token", "static"], default="per_token",
+                   help="with --fp8: activation scales per token at every call, or static ones (fp8.calibrate)")
     p.add_argument("--compile-cache", default="", metavar="DIR",
                    help="persistent XLA compilation cache (rynn_jax.compile_cache); run twice to time a warm start")
     p.add_argument("--token-multiple", type=int, default=1,
@@ -94,6 +137,8 @@ def main() -> None:
     a = p.parse_args()
     if a.chunks <= a.warm_chunks:
         p.error("--chunks must exceed --warm-chunks (nothing left to time)")
+    if a.fp8_activations != "per_token" and not a.fp8:
+        p.error("--fp8-activations needs --fp8")
 
     import jax
     import jax.numpy as jnp
@@ -128,16 +173,23 @@ def main() -> None:
         from rynn_jax.models.tae import TAEConfig, init_tae
 
         tiny_ae = init_tae(TAEConfig.tiny(dtype=dtype) if a.tiny else TAEConfig.wan22(dtype=dtype), 0)
+    results, checks, fp8_calibration = [], Checks(), None
     if a.fp8:
         from rynn_jax.models.fp8 import quantize_dit
 
-        dit = quantize_dit(dit)
+        dit_float, dit = dit, quantize_dit(dit)
+        if a.fp8_activations == "static":
+            stride = vae_cfg.spatial_stride
+            latent_shape = (1, CausalConfig().frames_per_block, a.height // stride, a.width // stride,
+                            dit_cfg.in_channels)
+            ctx = jnp.zeros((1, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)  # as served below
+            dit, fp8_calibration = calibrate_static(dit_float, dit, latent_shape, ctx, checks)
+        del dit_float
     rcfg = RenderConfig(width=a.width, height=a.height)
     k = default_intrinsics(rcfg)
     joints, elbows = synthetic_hand_motion(1 + 80 * a.chunks, seed=0)
     render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
 
-    results, checks = [], Checks()
     for b in a.batch:
         session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll,
                                    encoder=tiny_ae if a.encoder == "tae" else None,
@@ -153,7 +205,7 @@ def main() -> None:
               f"aggregate, {res['steady_fps'] / b:.1f} per session (median block {res['median_block_ms']:.1f} ms)",
               flush=True)
         del session
-        _write(a.out, results, a, vae_cfg, dtype, checks)  # after every batch size: a cut run keeps its rows
+        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration)  # after every batch size: a cut run keeps its rows
 
     print("\n| sessions | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|")

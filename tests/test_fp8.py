@@ -249,6 +249,14 @@ def test_calibrate_errors(tiny):
         calibrate(q, run, [], progress=False)
     with pytest.raises(ValueError, match=r"saw no input .*blocks\.0\.ffn_up"):
         calibrate(q, lambda m, b: m.embed_text(b[2]), [inputs], progress=False)
+    zero_ctx = (inputs[0], inputs[1], jnp.zeros_like(inputs[2]))
+    with pytest.warns(UserWarning, match=r"only zero inputs, their input_scale is 1: \['blocks\.0\.cross_attn\.k'"):
+        zeroed = dit.dit_from_params(q.cfg, jax.tree.map(  # zero text-embedding biases: zero K/V inputs
+            lambda a: a, nnx.to_pure_dict(nnx.state(q))))
+        zeroed.text_embed_2.bias[...] = jnp.zeros_like(zeroed.text_embed_2.bias[...])
+        zeroed.text_embed_1.bias[...] = jnp.zeros_like(zeroed.text_embed_1.bias[...])
+        s = calibrate(zeroed, run, [zero_ctx], progress=False)
+    np.testing.assert_array_equal(np.asarray(s.blocks.cross_attn.k.input_scale[...]), 1.0)
     with pytest.raises(ValueError, match="margin"):
         calibrate(q, run, [inputs], margin=0.5, progress=False)
     with pytest.raises(ValueError, match="needs fp8=True"):

@@ -13,6 +13,8 @@ Only the serving forward is meant to use this: nothing here is differentiable in
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -206,20 +208,30 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     if not linears or any(path[0] != "blocks" for path, _ in linears):  # all FP8 layers live in blocks
         raise ValueError(f"calibrate: unexpected FP8 layers {[p for p, _ in linears if p[0] != 'blocks']}")
     for _, lin in linears:
-        lin.input_amax = Fp8InputAmax(jnp.zeros((), jnp.float32))
-    step = nnx.jit(run)
+        lin.input_amax = Fp8InputAmax(jnp.full((), -1.0, jnp.float32))  # < 0: never called
+    graphdef = nnx.graphdef(probe)
+
+    @functools.partial(jax.jit, compiler_options=compiler_options(cfg))
+    def step(state, batch):
+        m = nnx.merge(graphdef, state)
+        run(m, batch)
+        return nnx.state(m, Fp8InputAmax)
+
     n = 0
     for batch in tqdm(batches, desc="fp8 calibration", unit="batch", disable=not progress):
-        step(probe, batch)
+        nnx.update(probe, step(nnx.state(probe), batch))
         n += 1
     if n == 0:
         raise ValueError("calibrate: no calibration batches")
     amax = {path: float(lin.input_amax[...]) for path, lin in linears}
     dotted = lambda path: ".".join(map(str, path))  # noqa: E731
-    bad = sorted(dotted(p) for p, a in amax.items() if not (a > 0 and a < float("inf")))
+    bad = sorted(dotted(p) for p, a in amax.items() if not (0 <= a < float("inf")))
     if bad:
         raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: {bad} "
                          "(does `run` call every block, with finite inputs?)")
+    zero = sorted(dotted(p) for p, a in amax.items() if a == 0)
+    if zero:  # e.g. cross-attention K/V of an all-zero text context with zero biases
+        warnings.warn(f"calibrate: these FP8 layers saw only zero inputs, their input_scale is 1: {zero}", stacklevel=2)
 
     # Back to the stacked layout: ('blocks', i, *rest) → ('blocks', *rest, 'input_scale')[i].
     static_cfg = dataclasses.replace(cfg, fp8_activations="static")
