@@ -1,15 +1,16 @@
 """Serving entry point.
 
     python serve.py demo [--out outputs/demo]   # digital-teleoperation demo (bundled sample)
+    python serve.py calibrate-fp8 --latents SHARDS --out scales.safetensors   # FP8 static activation scales
 """
 
 import sys
 
-from rynn_jax.teleop import demo
+from rynn_jax.teleop import calibrate_fp8, demo
 
 
 def main() -> None:
-    commands = {"demo": demo.main}
+    commands = {"demo": demo.main, "calibrate-fp8": calibrate_fp8.main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(f"usage: python serve.py {{{','.join(commands)}}} [options]  (-h for a command's options)")
         raise SystemExit(2)

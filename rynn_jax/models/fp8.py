@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
@@ -186,9 +188,7 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     calibrate on inputs like those served (every denoising timestep and the t = 0 cache pass);
     margin > 1 leaves headroom at the cost of resolution near zero. Serve the result through
     `dit.unrolled` as usual (StreamingSession does)."""
-    from rynn_jax.convert import flatten_params, unflatten_params
-    from rynn_jax.models import build
-    from rynn_jax.models.dit import WanDiT, unrolled
+    from rynn_jax.models.dit import unrolled
 
     cfg = model.cfg
     if not cfg.fp8 or cfg.fp8_activations != "per_token":
@@ -233,18 +233,79 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     if zero:  # e.g. cross-attention K/V of an all-zero text context with zero biases
         warnings.warn(f"calibrate: these FP8 layers saw only zero inputs, their input_scale is 1: {zero}", stacklevel=2)
 
-    # Back to the stacked layout: ('blocks', i, *rest) → ('blocks', *rest, 'input_scale')[i].
-    static_cfg = dataclasses.replace(cfg, fp8_activations="static")
-    graphdef, target = nnx.split(build.abstract_model(WanDiT, static_cfg))
-    values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
-    per_layer: dict[tuple, list[float]] = {}
+    # Back to the stacked layout: ('blocks', i, *rest) → 'blocks.<rest>.input_scale', row i.
+    per_layer: dict[str, list[float]] = {}
     for path, a in sorted(amax.items(), key=lambda kv: kv[0][1]):
-        per_layer.setdefault((path[0], *path[2:], "input_scale"), []).append(a)
-    for path, amaxes in per_layer.items():
-        values[path] = _scale(jnp.asarray(amaxes, jnp.float32)[:, None]) * jnp.float32(margin)  # (layers, 1)
-    want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
-    if set(want) != set(values):
-        raise ValueError(f"calibrate: parameters do not match the static model: missing "
-                         f"{sorted(map(dotted, set(want) - set(values)))}, extra {sorted(map(dotted, set(values) - set(want)))}")
+        per_layer.setdefault(dotted((path[0], *path[2:], "input_scale")), []).append(a)
+    scales = {name: np.asarray(_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))  # (layers, 1)
+              for name, a in per_layer.items()}
+    return with_static_scales(model, scales)
+
+
+SCALES_FORMAT = "rynn_jax.fp8_static_scales/1"  # safetensors metadata "format" of a scales file
+
+
+def static_scales(model: WanDiT) -> dict[str, np.ndarray]:
+    """A static-scale model's activation scales by dotted name ('blocks.ffn_up.input_scale', each
+    (layers, 1) float32): what `save_scales` writes and `with_static_scales` takes."""
+    from rynn_jax.convert import flatten_params
+
+    if model.cfg.fp8_activations != "static" or isinstance(model.blocks, nnx.List):
+        raise ValueError("static_scales: expects a stacked-layer model with static activation scales (calibrate's output)")
+    flat = flatten_params(nnx.to_pure_dict(nnx.state(model)))
+    return {".".join(p): np.asarray(v) for p, v in flat.items() if p[-1] == "input_scale"}
+
+
+def with_static_scales(model: WanDiT, scales: dict[str, Any]) -> WanDiT:
+    """The per-token FP8 model (`quantize_dit`'s output, stacked layers) with the given activation
+    scales: same weights, cfg.fp8_activations="static". Every FP8 linear needs its scale, with the
+    model's (layers, 1) shape, finite and > 0; anything else is an error that names the entry."""
+    from rynn_jax.convert import flatten_params, unflatten_params
+    from rynn_jax.models import build
+    from rynn_jax.models.dit import WanDiT
+
+    cfg = model.cfg
+    if not cfg.fp8 or cfg.fp8_activations != "per_token" or isinstance(model.blocks, nnx.List):
+        raise ValueError("with_static_scales: expects quantize_dit's output (stacked layers, per-token activation "
+                         f"scales); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
+    graphdef, target = nnx.split(build.abstract_model(WanDiT, dataclasses.replace(cfg, fp8_activations="static")))
+    want = {".".join(p): v for p, v in flatten_params(nnx.to_pure_dict(target)).items() if p[-1] == "input_scale"}
+    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
+    if missing or extra:
+        raise ValueError(f"with_static_scales: scales do not fit this model: missing {missing}, unexpected {extra}")
+    values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
+    for name, spec in want.items():
+        a = np.asarray(scales[name])
+        if a.shape != tuple(spec.shape):
+            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, this model needs {tuple(spec.shape)}")
+        if not (np.isfinite(a).all() and (a > 0).all()):
+            raise ValueError(f"with_static_scales: {name!r} has non-finite or non-positive values")
+        values[tuple(name.split("."))] = jnp.asarray(a, jnp.float32)
     nnx.replace_by_pure_dict(target, unflatten_params(values))
     return nnx.merge(graphdef, target)
+
+
+def save_scales(path: str | os.PathLike[str], model: WanDiT, **info: str) -> None:
+    """Write a static-scale model's activation scales to a safetensors file (a few KB; the weights
+    stay in their own checkpoint and are quantized at load). `info`: extra string metadata."""
+    from safetensors.numpy import save_file
+
+    save_file(static_scales(model), os.fspath(path), metadata={"format": SCALES_FORMAT, **info})
+
+
+def load_scales(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read a file written by `save_scales`; a missing, truncated or foreign file is a ValueError
+    naming it."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    try:
+        with safe_open(path, framework="numpy") as f:
+            fmt = (f.metadata() or {}).get("format")
+            if fmt != SCALES_FORMAT:
+                raise ValueError(f"{path}: not an FP8 scales file (format {fmt!r}, expected {SCALES_FORMAT!r})")
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except ValueError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for truncated/garbled files
+        raise ValueError(f"{path}: cannot read FP8 scales ({type(e).__name__}: {e})") from e

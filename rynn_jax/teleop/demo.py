@@ -35,7 +35,7 @@ from rynn_jax.kinematics.layout import ACTION_NAMES
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.dit_weights import load_dit
-from rynn_jax.models.fp8 import quantize_dit
+from rynn_jax.models.fp8 import load_scales, quantize_dit, with_static_scales
 from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
@@ -79,27 +79,41 @@ def _read_png(path: Path) -> np.ndarray:
     return img[..., :3]
 
 
-def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False):
+def build_dit(dit_dir: str | None, seed: int):
+    """The DiT: converted/official weights, or the demo's tiny random one (matching tiny VAE latents)."""
+    if dit_dir is not None:
+        return load_dit(dit_dir)
+    z_dim = WanVAEConfig.tiny().z_dim
+    return init_dit(WanDiTConfig.tiny(control="add", in_channels=z_dim, out_channels=z_dim, control_channels=z_dim),
+                    seed)
+
+
+def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
+                  fp8_scales: str | None = None):
     """(DiT, VAE): converted weights, or tiny random ones. `fp8`: the DiT's block linears
-    quantized to FP8 (`models.fp8.quantize_dit`; serving only)."""
+    quantized to FP8 (`models.fp8.quantize_dit`; serving only); `fp8_scales`: with the static
+    activation scales of this file (`serve.py calibrate-fp8`)."""
     if (dit_dir is None) != (vae_dir is None):
         raise ValueError("give both --dit and --vae, or neither (tiny random models)")
-    if dit_dir is not None:
-        dit, vae = load_dit(dit_dir), load_vae(vae_dir)
-    else:
-        vae_cfg = WanVAEConfig.tiny()
-        dit_cfg = WanDiTConfig.tiny(control="add", in_channels=vae_cfg.z_dim, out_channels=vae_cfg.z_dim,
-                                    control_channels=vae_cfg.z_dim)
-        dit, vae = init_dit(dit_cfg, seed), init_vae(vae_cfg, seed)
-    return (quantize_dit(dit) if fp8 else dit), vae
+    if fp8_scales is not None and not fp8:
+        raise ValueError("--fp8-scales needs --fp8")
+    dit = build_dit(dit_dir, seed)
+    vae = load_vae(vae_dir) if vae_dir is not None else init_vae(WanVAEConfig.tiny(), seed)
+    if fp8:
+        dit = quantize_dit(dit)
+        if fp8_scales is not None:
+            dit = with_static_scales(dit, load_scales(fp8_scales))
+    return dit, vae
 
 
-def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False) -> WorldModel:
-    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8))
+def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
+                      fp8_scales: str | None = None) -> WorldModel:
+    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8, fp8_scales=fp8_scales))
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
-        dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False) -> dict:
+        dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
+        fp8_scales: str | None = None) -> dict:
     if (num_frames - 1) % 4:
         raise ValueError(f"--frames must be 1 + 4k (the VAE's temporal stride), got {num_frames}")
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +136,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     if t_video[-1] > stream.span[1] + 1e-6:
         raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
                          f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
-    model = build_world_model(dit, vae, seed, fp8=fp8)
+    model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
     done("load")
@@ -154,7 +168,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     summary = {
         "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
         "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
-        "dit_fp8": fp8,
+        "dit_fp8": fp8, "dit_fp8_activations": model.dit_cfg.fp8_activations if fp8 else None,
         "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
         "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
         "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
@@ -166,7 +180,8 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
 def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
             height: int = 96, width: int = 160, episode_frames: int | None = None,
-            dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None) -> dict:
+            dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None,
+            fp8_scales: str | None = None) -> dict:
     """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame.
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
@@ -184,7 +199,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         """Build the causal student and compile its start/step on zeros (the compiled programs
         are cached; `start` below resets the state)."""
         t0 = time.perf_counter()
-        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8)
+        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales)
         decoder = None
         if tae:
             from rynn_jax.models.tae import load_tae
@@ -244,7 +259,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
                "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
-               "dit_fp8": fp8, "decoder": "tiny autoencoder" if tae else "vae",
+               "dit_fp8": fp8, "dit_fp8_activations": session.dit_cfg.fp8_activations if fp8 else None,
+               "decoder": "tiny autoencoder" if tae else "vae",
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
                "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
                "layout": "side_by_side.mp4 = generated | ground truth | skeleton"}
@@ -279,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
     p.add_argument("--fp8", action="store_true",
                    help="serve the DiT with FP8 block linears (H200: 32 → 36 FPS streaming; docs/PERFORMANCE.md)")
+    p.add_argument("--fp8-scales", default=None, metavar="FILE",
+                   help="with --fp8: static activation scales from `serve.py calibrate-fp8` (faster than "
+                        "per-token scales: H200 84.6 vs 80.1 FPS streaming)")
     p.add_argument("--tae", default=None, metavar="CKPT",
                    help="--world sim: decode with the tiny autoencoder from this official taew2_2 checkpoint "
                         "(.pth or .safetensors; needs --dit/--vae with 48-channel latents): ≈ 0.5 instead of "
@@ -286,12 +305,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="persistent XLA compilation cache: later runs skip compiling (rynn_jax.compile_cache)")
     a = p.parse_args(argv)
+    if a.fp8_scales and not a.fp8:
+        p.error("--fp8-scales needs --fp8")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
         height, width = a.resolution
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
-                          episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae)
+                          episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae,
+                          fp8_scales=a.fp8_scales)
         print(json.dumps(summary, indent=1))
         print(f"outputs in {os.path.abspath(a.out)}:\n"
               "  side_by_side.mp4  generated | ground truth | skeleton\n"
@@ -300,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
               "  summary.json")
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
-                  dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8)
+                  dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales)
     print(json.dumps(summary, indent=1))
     print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} and episode.npz (frames + 54-D actions)")
 

@@ -1,0 +1,121 @@
+"""FP8 static activation scales calibrated on pre-encoded training clips.
+
+    python serve.py calibrate-fp8 --latents SHARD_DIR --out scales.safetensors [--dit DIR] [--clips 16]
+
+Static scales (`models/fp8.py`, `WanDiTConfig.fp8_activations="static"`) make the FP8 DiT faster
+(H200: 84.6 vs 80.1 FPS end to end, docs/PERFORMANCE.md), but an input beyond a layer's calibrated
+range saturates, so the calibration inputs must look like what is served. Here they come from the
+latent shards `rynn_jax.data.preencode` writes: per clip, one window of `frames_per_block` latent
+frames noised to each timestep of the 4-step student (x_σ = (1 − σ)·x0 + σ·ε, σ = t / 1000) plus
+the clean t = 0 cache pass, with the clip's skeleton latents and text embedding. The file holds
+only the scales (a few KB); the weights stay in their checkpoint and are quantized at load:
+`serve.py demo --fp8 --fp8-scales FILE`, or
+`fp8.with_static_scales(fp8.quantize_dit(dit), fp8.load_scales(FILE))`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from rynn_jax.data import shards as shards_lib
+from rynn_jax.models.dit import WanDiTConfig
+
+
+def read_clips(latent_dir: str, limit: int) -> list[dict[str, np.ndarray]]:
+    """The first `limit` records of the finished shards in `latent_dir`, in shard order. A shard
+    that cannot be read is an error naming it (calibrating on fewer clips than asked, silently,
+    would change the scales)."""
+    paths = shards_lib.list_shards(latent_dir)
+    if not paths:
+        raise ValueError(f"{latent_dir}: no latent shards (*-of-*{shards_lib.SHARD_SUFFIX}; "
+                         "write them with python -m rynn_jax.data.preencode)")
+    clips: list[dict[str, np.ndarray]] = []
+    for path in paths:
+        try:
+            clips += shards_lib.read_shard(path)
+        except Exception as e:  # ArrayRecord and np.load raise several types for a damaged file
+            raise ValueError(f"{path}: cannot read latent shard ({type(e).__name__}: {e})") from e
+        if len(clips) >= limit:
+            break
+    return clips[:limit]
+
+
+def calibration_batches(clips: Iterable[dict[str, np.ndarray]], cfg: WanDiTConfig, *, frames: int,
+                        timesteps: Sequence[float], seed: int = 0) -> Iterator[tuple[np.ndarray, ...]]:
+    """(z_t, t, text, control) batches of one sample each: per clip a random window of `frames`
+    latent frames at every timestep (float32 host arrays, as `WanDiT.__call__` takes them)."""
+    rng = np.random.default_rng(seed)
+    for i, rec in enumerate(clips):
+        missing = {"video_latents", "control_video_latents", "text_embedding"} - set(rec)
+        if missing:
+            raise ValueError(f"clip {i}: record lacks {sorted(missing)} (not a preencode latent record?)")
+        x0, ctrl = (np.asarray(rec[k], np.float32) for k in ("video_latents", "control_video_latents"))
+        emb = np.asarray(rec["text_embedding"], np.float32)
+        if x0.ndim != 4 or x0.shape[-1] != cfg.in_channels or ctrl.shape[:3] != x0.shape[:3]:
+            raise ValueError(f"clip {i}: latents {x0.shape} / control {ctrl.shape} do not fit a DiT with "
+                             f"{cfg.in_channels} input channels")
+        if x0.shape[0] < frames:
+            raise ValueError(f"clip {i}: {x0.shape[0]} latent frames, a block needs {frames}")
+        if emb.ndim != 2 or emb.shape[1] != cfg.text_dim:
+            raise ValueError(f"clip {i}: text embedding {emb.shape}, the DiT takes (S, {cfg.text_dim})")
+        text = np.zeros((1, cfg.text_len, cfg.text_dim), np.float32)
+        text[0, :min(cfg.text_len, len(emb))] = emb[:cfg.text_len]
+        start = int(rng.integers(0, x0.shape[0] - frames + 1))
+        x0_w, ctrl_w = x0[None, start:start + frames], ctrl[None, start:start + frames]
+        for t in timesteps:
+            sigma = np.float32(t / 1000.0)
+            z = (1 - sigma) * x0_w + sigma * rng.standard_normal(x0_w.shape).astype(np.float32)
+            yield z, np.full((1, frames), t, np.float32), text, ctrl_w
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rynn_jax.models import fp8
+    from rynn_jax.models.causal import CausalConfig
+    from rynn_jax.teleop.demo import build_dit
+    from rynn_jax.teleop.streaming import StepConfig, step_schedule
+
+    p = argparse.ArgumentParser(prog="python serve.py calibrate-fp8", description=__doc__.splitlines()[0])
+    p.add_argument("--latents", required=True, help="directory of latent shards (rynn_jax.data.preencode)")
+    p.add_argument("--out", required=True, help="scales file to write (.safetensors)")
+    p.add_argument("--dit", default=None, help="converted DiT directory or official checkpoint (default: the "
+                                               "demo's tiny random model)")
+    p.add_argument("--clips", type=int, default=16, help="clips to calibrate on (one block window each)")
+    p.add_argument("--margin", type=float, default=1.0, help="scale = margin · max |input| / 448 (≥ 1)")
+    p.add_argument("--seed", type=int, default=0, help="window and noise draws (and the tiny model's init)")
+    a = p.parse_args(argv)
+    if a.clips < 1:
+        p.error("--clips must be ≥ 1")
+
+    dit = build_dit(a.dit, a.seed)
+    clips = read_clips(a.latents, a.clips)
+    timesteps = [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]  # 4 steps + the cache pass
+    frames = CausalConfig().frames_per_block
+    batches = list(calibration_batches(clips, dit.cfg, frames=frames, timesteps=timesteps, seed=a.seed))
+    quantized = fp8.quantize_dit(dit)
+    static = fp8.calibrate(quantized, lambda m, b: m(*b), batches, margin=a.margin)
+
+    # How far one calibration batch lands from the float model, per-token vs static scales.
+    outs = {}
+    for name, m in (("float", dit), ("fp8_per_token", quantized), ("fp8_static", static)):
+        graphdef, state = nnx.split(m)
+        fwd = jax.jit(lambda s, b, g=graphdef: nnx.merge(g, s)(*b), compiler_options=fp8.compiler_options(m.cfg))
+        outs[name] = np.asarray(fwd(state, tuple(jnp.asarray(x) for x in batches[1])), np.float64)
+    rel = {k: float(np.linalg.norm(outs[k] - outs["float"]) / np.linalg.norm(outs["float"]))
+           for k in ("fp8_per_token", "fp8_static")}
+
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    fp8.save_scales(a.out, static, clips=str(len(clips)), timesteps=json.dumps(timesteps), margin=str(a.margin),
+                    latents=os.path.basename(os.path.normpath(a.latents)))
+    summary = dict(out=os.path.abspath(a.out), clips=len(clips), batches=len(batches), timesteps=timesteps,
+                   margin=a.margin, rel_l2_vs_float_on_one_batch=rel)
+    print(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,140 @@
+"""FP8 static scales calibrated on pre-encoded latent shards (`serve.py calibrate-fp8`), the scales
+file, and loading it into the demo's model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rynn_jax.data import shards as shards_lib
+from rynn_jax.models import fp8
+from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.teleop import calibrate_fp8, demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record(rng, t_lat: int, cfg: WanDiTConfig, text_tokens: int) -> bytes:
+    """One clip in rynn_jax.data.preencode's record format (latents channels-last)."""
+    lat = lambda: rng.standard_normal((t_lat, 2, 4, cfg.in_channels)).astype(np.float32)  # noqa: E731
+    return shards_lib.encode_record({
+        "video_latents": lat(), "control_video_latents": lat(), "img_latent": lat()[:1],
+        "text_embedding": rng.standard_normal((text_tokens, cfg.text_dim)).astype(np.float32),
+        "text": np.asarray("pick up the cup", np.str_), "actions": np.zeros((4 * (t_lat - 1) + 1, 54), np.float32),
+        "has_actions": np.asarray(True), "clip_id": np.asarray(0), "episode": np.asarray("e0", np.str_),
+        "start": np.asarray(0, np.int64), "source": np.asarray("egodex", np.str_)})
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    cfg = demo.build_dit(None, 0).cfg
+    rng = np.random.default_rng(0)
+    d = tmp_path_factory.mktemp("latents")
+    for i in range(2):
+        shards_lib.write_shard(d / shards_lib.shard_name("egodex", i, 2),
+                               [_record(rng, 5, cfg, 7 + j) for j in range(2)])
+    return d
+
+
+def test_batches_are_noised_windows_of_the_clips(shard_dir):
+    cfg = demo.build_dit(None, 0).cfg
+    clips = calibrate_fp8.read_clips(str(shard_dir), 3)
+    assert len(clips) == 3
+    batches = list(calibrate_fp8.calibration_batches(clips, cfg, frames=3, timesteps=[999.0, 500.0, 0.0], seed=1))
+    assert len(batches) == 9
+    for c, clip in enumerate(clips):
+        x0 = clip["video_latents"]
+        clean = batches[3 * c + 2]  # t = 0: exactly a window of the clip, its control latents alongside
+        z, t, text, ctrl = clean
+        assert z.shape == (1, 3, 2, 4, cfg.in_channels) and t.shape == (1, 3) and (t == 0).all()
+        starts = [s for s in range(3) if np.array_equal(x0[s:s + 3], z[0])]
+        assert len(starts) == 1
+        np.testing.assert_array_equal(ctrl[0], clip["control_video_latents"][starts[0]:starts[0] + 3])
+        n = clip["text_embedding"].shape[0]  # padded with zeros to text_len
+        np.testing.assert_array_equal(text[0, :n], clip["text_embedding"])
+        assert text.shape == (1, cfg.text_len, cfg.text_dim) and (text[0, n:] == 0).all()
+        for k, sigma in ((0, 0.999), (1, 0.5)):  # x_σ = (1 − σ)·x0 + σ·ε with ε ~ N(0, 1)
+            noisy = batches[3 * c + k][0][0]
+            eps = (noisy - (1 - sigma) * x0[starts[0]:starts[0] + 3]) / sigma
+            assert abs(eps.mean()) < 0.3 and 0.7 < eps.std() < 1.3, (k, eps.mean(), eps.std())
+
+
+def test_cli_writes_scales_that_load_into_the_demo_model(shard_dir, tmp_path):
+    out = tmp_path / "scales.safetensors"
+    summary = calibrate_fp8.main(["--latents", str(shard_dir), "--out", str(out), "--clips", "3"])
+    assert summary["clips"] == 3 and summary["batches"] == 15 and summary["timesteps"][-1] == 0.0
+    for name, err in summary["rel_l2_vs_float_on_one_batch"].items():
+        assert 1e-4 < err < 1e-1, (name, err)
+    scales = fp8.load_scales(out)
+    dit, _ = demo.build_modules(None, None, 0, fp8=True, fp8_scales=str(out))
+    assert dit.cfg.fp8_activations == "static"
+    # same scales as calibrating directly on the same batches
+    clips = calibrate_fp8.read_clips(str(shard_dir), 3)
+    direct_batches = list(calibrate_fp8.calibration_batches(clips, dit.cfg, frames=3,
+                                                            timesteps=summary["timesteps"], seed=0))
+    direct = fp8.calibrate(fp8.quantize_dit(demo.build_dit(None, 0)), lambda m, b: m(*b), direct_batches,
+                           progress=False)
+    want = fp8.static_scales(direct)
+    assert set(scales) == set(want) == set(fp8.static_scales(dit))
+    for name in want:
+        np.testing.assert_allclose(scales[name], want[name], rtol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(fp8.static_scales(dit)[name], scales[name])
+
+
+def test_scales_file_errors(tmp_path):
+    q = fp8.quantize_dit(demo.build_dit(None, 0))
+    n = q.cfg.num_layers
+    good = {name: np.full((n, 1), 0.01, np.float32) for name in
+            [f"blocks.{a}.{p}.input_scale" for a in ("self_attn", "cross_attn") for p in "qkvo"]
+            + ["blocks.ffn_up.input_scale", "blocks.ffn_down.input_scale"]}
+    assert fp8.with_static_scales(q, good).cfg.fp8_activations == "static"
+    with pytest.raises(ValueError, match=r"missing \['blocks\.ffn_up\.input_scale'\]"):
+        fp8.with_static_scales(q, {k: v for k, v in good.items() if "ffn_up" not in k})
+    with pytest.raises(ValueError, match=r"'blocks\.ffn_down\.input_scale' has shape \(1,\)"):
+        fp8.with_static_scales(q, {**good, "blocks.ffn_down.input_scale": np.ones(1, np.float32)})
+    with pytest.raises(ValueError, match=r"'blocks\.self_attn\.q\.input_scale' has non-finite"):
+        fp8.with_static_scales(q, {**good, "blocks.self_attn.q.input_scale": np.full((n, 1), np.nan, np.float32)})
+    with pytest.raises(ValueError, match="expects quantize_dit's output"):
+        fp8.with_static_scales(demo.build_dit(None, 0), good)
+
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "s.safetensors"
+    fp8.save_scales(path, fp8.with_static_scales(q, good), note="test")
+    assert set(fp8.load_scales(path)) == set(good)
+    data = path.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cut\.safetensors: cannot read FP8 scales"):
+        fp8.load_scales(tmp_path / "cut.safetensors")
+    save_file(good, str(tmp_path / "foreign.safetensors"))  # a safetensors file, but not ours
+    with pytest.raises(ValueError, match=r"foreign\.safetensors: not an FP8 scales file"):
+        fp8.load_scales(tmp_path / "foreign.safetensors")
+    with pytest.raises(ValueError, match="--fp8-scales needs --fp8"):
+        demo.build_modules(None, None, 0, fp8_scales=str(path))
+
+
+def test_calibration_input_errors(shard_dir, tmp_path):
+    cfg = demo.build_dit(None, 0).cfg
+    with pytest.raises(ValueError, match="no latent shards"):
+        calibrate_fp8.read_clips(str(tmp_path), 2)
+    clips = calibrate_fp8.read_clips(str(shard_dir), 1)
+    with pytest.raises(ValueError, match="clip 0: 5 latent frames, a block needs 6"):
+        list(calibrate_fp8.calibration_batches(clips, cfg, frames=6, timesteps=[0.0]))
+    with pytest.raises(ValueError, match=r"clip 0: record lacks \['control_video_latents'\]"):
+        list(calibrate_fp8.calibration_batches([{k: v for k, v in clips[0].items() if k != "control_video_latents"}],
+                                               cfg, frames=3, timesteps=[0.0]))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / shards_lib.shard_name("egodex", 0, 1)).write_bytes(b"not an array record")
+    with pytest.raises(ValueError, match="cannot read latent shard"):
+        calibrate_fp8.read_clips(str(bad), 2)
+
+
+def test_serve_cli_lists_the_command():
+    proc = subprocess.run([sys.executable, "serve.py", "calibrate-fp8", "-h"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "--latents" in proc.stdout and "--margin" in proc.stdout
