@@ -85,6 +85,7 @@ def _row(name: str, frames: int, times: list[float], compile_s: float, **extra) 
     row = dict(impl=name, frames=frames, tokens=frames * 390, median_ms=statistics.median(times),
                min_ms=min(times), compile_s=compile_s, **extra)
     print(row, flush=True)
+    row["times_ms"] = [round(t, 3) for t in times]  # every timed call: the spread behind the median
     return row
 
 
