@@ -2,9 +2,10 @@
 
     python serve.py calibrate-fp8 --latents SHARD_DIR --out scales.safetensors [--dit DIR] [--clips 16]
 
-Static scales (`models/fp8.py`, `WanDiTConfig.fp8_activations="static"`) make the FP8 DiT faster
-(H200: 84.6 vs 80.1 FPS end to end, docs/PERFORMANCE.md), but an input beyond a layer's calibrated
-range saturates, so the calibration inputs must look like what is served. Here they come from the
+Static scales (`models/fp8.py`, `WanDiTConfig.fp8_activations="static"`) make the FP8 DiT a little
+faster (H200 end to end: 80.4–84.6 FPS against 80.1–80.2 with per-token scales in the same calls;
+docs/PERFORMANCE.md), but an input beyond a layer's calibrated range saturates, so the calibration
+inputs must look like what is served. Here they come from the
 latent shards `rynn_jax.data.preencode` writes: per clip, one window of `frames_per_block` latent
 frames noised to each timestep of the 4-step student (x_σ = (1 − σ)·x0 + σ·ε, σ = t / 1000) plus
 the clean t = 0 cache pass, with the clip's skeleton latents and text embedding. The file holds

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="serve the DiT with FP8 block linears (H200: 32 → 36 FPS streaming; docs/PERFORMANCE.md)")
     p.add_argument("--fp8-scales", default=None, metavar="FILE",
                    help="with --fp8: static activation scales from `serve.py calibrate-fp8` (faster than "
-                        "per-token scales: H200 84.6 vs 80.1 FPS streaming)")
+                        "per-token scales: H200 streaming 80.4–84.6 vs 80.1–80.2 FPS)")
     p.add_argument("--tae", default=None, metavar="CKPT",
                    help="--world sim: decode with the tiny autoencoder from this official taew2_2 checkpoint "
                         "(.pth or .safetensors; needs --dit/--vae with 48-channel latents): ≈ 0.5 instead of "
