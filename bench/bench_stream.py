@@ -13,6 +13,8 @@ Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on 
 `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
+`--merge-clean-pass` runs each block's clean cache pass together with the next block's first
+denoising pass (StepConfig.merge_clean_pass).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
-               token_multiple=a.token_multiple, encoder=a.encoder, decoder=a.decoder,
+               token_multiple=a.token_multiple, merge_clean_pass=a.merge_clean_pass, encoder=a.encoder, decoder=a.decoder,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
 
@@ -133,6 +135,9 @@ def main() -> None:
                    help="pixel decoder: the exact Wan2.2 VAE or the tiny autoencoder (models/tae.py)")
     p.add_argument("--encoder", choices=["vae", "tae"], default="vae",
                    help="skeleton/reference encoder: the exact Wan2.2 VAE or the tiny autoencoder")
+    p.add_argument("--merge-clean-pass", action="store_true",
+                   help="StepConfig.merge_clean_pass: each block's clean cache pass runs in one forward with "
+                        "the next block's first denoising pass (same frames, fewer and taller passes)")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.chunks <= a.warm_chunks:
@@ -191,7 +196,8 @@ def main() -> None:
     render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
 
     for b in a.batch:
-        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(), unroll_layers=not a.no_unroll,
+        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(merge_clean_pass=a.merge_clean_pass),
+                                   unroll_layers=not a.no_unroll,
                                    encoder=tiny_ae if a.encoder == "tae" else None,
                                    decoder=tiny_ae if a.decoder == "tae" else None)
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)

@@ -61,13 +61,13 @@ def test_profile_ops_fp8_probes(tmp_path):
 
 def test_fp8_causal_and_streaming_benches(tmp_path):
     """bench_causal / bench_stream --fp8 on the tiny models: the quantized DiT streams (the stream
-    bench with calibrated static activation scales), the benches' output checks pass and the JSON
-    says FP8; the derived columns agree with the timed ones."""
+    bench with calibrated static activation scales and merged clean passes), the benches' output
+    checks pass and the JSON says so; the derived columns agree with the timed ones."""
     causal_out, stream_out = tmp_path / "causal.json", tmp_path / "stream.json"
     runs = [["bench/bench_causal.py", "--tiny", "--layers", "1", "--fp8", "--chunks", "2", "--rolling-blocks", "2",
              "--out", str(causal_out)],
             ["bench/bench_stream.py", "--tiny", "--height", "64", "--width", "64", "--fp8", "--chunks", "2",
-             "--fp8-activations", "static", "--warm-chunks", "1", "--out", str(stream_out)]]
+             "--fp8-activations", "static", "--merge-clean-pass", "--warm-chunks", "1", "--out", str(stream_out)]]
     for argv in runs:
         proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -79,7 +79,7 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
         assert abs(r["ms_per_video_frame"] * 4 * causal["frames_per_block"] - r["median_ms"]) < 1e-6 * r["median_ms"]
     stream = json.loads(stream_out.read_text())
     assert stream["fp8_dit"] and stream["checks"] and all(c["ok"] for c in stream["checks"])
-    assert stream["fp8_activations"] == "static"
+    assert stream["fp8_activations"] == "static" and stream["merge_clean_pass"]
     calib = stream["fp8_calibration"]
     assert len(calib["calibration_timesteps"]) == 5 and calib["calibration_timesteps"][-1] == 0.0
     for name, err in calib["rel_l2_vs_bf16"].items():  # FP8 rounding: a few percent, not zero

@@ -232,6 +232,55 @@ def test_streaming_session_reanchors(model):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
 
 
+@pytest.mark.parametrize("policy", ["full", "rolling"])
+def test_merged_clean_pass_equals_sequential(model, policy):
+    """causal.forward_block_after_clean (a block's clean pass + the next block's first denoising
+    pass in one forward) == the two passes one after the other: velocity and written cache, over
+    enough blocks for the rolling ring to wrap, with and without token padding."""
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3, policy=policy)
+    rng = np.random.default_rng(11)
+    for m in (model, _padded(model, 16)):
+        ctx = jnp.asarray(rng.standard_normal((2, CFG.text_len, CFG.text_dim)), jnp.float32)
+        cache = causal.init_cache(m, ccfg, ctx, LATENT_HW)
+        for _ in range(3 if policy == "rolling" else 1):
+            clean, clean_c, z, c = (_latents(rng, 2, 2) for _ in range(4))
+            t = jnp.asarray([[937.0, 937.0], [624.0, 624.0]])
+            _, written = causal.forward_block(m, cache, ccfg, clean, jnp.zeros((2, 2)), clean_c, write=True)
+            v_seq, _ = causal.forward_block(m, written, ccfg, z, t, c, write=False)
+            v, merged = causal.forward_block_after_clean(m, cache, ccfg, clean, clean_c, z, t, c)
+            assert rel_err(v, v_seq) < 1e-5 and int(merged["frames"]) == int(written["frames"])
+            for name in ("k_lbsnh", "v_lbsnh"):
+                assert rel_err(merged[name], written[name]) < 1e-5, name
+            stale, _ = causal.forward_block(m, cache, ccfg, z, t, c, write=False)  # the clean block matters
+            assert rel_err(v, stale) > 1e-3
+            cache = written
+
+
+def test_streaming_session_with_merged_clean_pass_matches(model):
+    """StepConfig(merge_clean_pass=True): the session gives the same frames as the sequential one
+    across re-anchoring, with one executable per kind of block."""
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+
+    dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
+    vae = init_vae(WanVAEConfig.tiny(), seed=0)
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3)
+    rng = np.random.default_rng(7)
+    image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
+    ctx = rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32)
+    skeletons = [rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32) for n in (5, 8, 4, 8, 4)]
+    frames = {}
+    for merge in (False, True):
+        session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3, merge_clean_pass=merge),
+                                             chunk_frames=4)
+        session.start(image, ctx, jax.random.key(0))
+        frames[merge] = [np.asarray(session.step(s)) for s in skeletons]
+    assert session._step_first._cache_size() == 1 and session._step_after._cache_size() == 1
+    for a, b in zip(frames[False], frames[True]):
+        assert a.shape == b.shape and rel_err(b, a) < 1e-4
+    with pytest.raises(ValueError, match="x0_euler"):
+        streaming.StepConfig(solver="unipc", merge_clean_pass=True)
+
+
 def test_stream_step_decodes_with_the_tiny_autoencoder():
     """A pixel step with the Wan VAE encoding and the tiny autoencoder decoding (StreamingSession's
     `decoder=`): its frames are tae.decode of the latents the latent-level step makes from the same

@@ -199,6 +199,85 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
                      "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES), "frames": cache["frames"] + f}
 
 
+def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
+                              clean_control_bfhwc: jax.Array | None, z_bfhwc: jax.Array, t_bf: jax.Array,
+                              control_bfhwc: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """The previous block's clean (t = 0) cache-writing pass and the next block's first denoising
+    pass as one forward over both blocks' tokens. Returns (the next block's velocity, the cache with
+    the clean block written) — the same as
+
+        _, cache = forward_block(model, cache, ccfg, clean, 0, clean_control, write=True)
+        v, _ = forward_block(model, cache, ccfg, z, t_bf, control, write=False)
+
+    up to float rounding. Per layer the projections, cross-attention and FFN run once on 2·F frames
+    (GEMMs twice as tall: the 1170-token passes are overhead-bound); self-attention runs as the two
+    passes would, the clean block over the cache with itself written, the next block over that
+    cache with itself added (two key ranges, two positions bases when the ring rolls)."""
+    cfg = model.cfg
+    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
+    if grid_c[1:] != grid[1:]:
+        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
+    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
+    b = z_bfhwc.shape[0]
+    window = ccfg.window_frames
+    if max(fc, f) > window + 1:
+        raise ValueError(f"a block of {max(fc, f)} frames does not fit a window of {window} (+ the sink)")
+    if cache["k_lbsnh"].shape[2] != ccfg.cache_frames * tokens:
+        raise ValueError(f"cache holds {cache['k_lbsnh'].shape[2]} tokens, expected "
+                         f"{ccfg.cache_frames} frames × {tokens}")
+    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
+                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
+    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
+    temb_bfd, tproj_bf6d = model.embed_time(t_all)
+
+    def placement(first_frame: jax.Array, frames: int):
+        a_f = first_frame + jnp.arange(frames, dtype=jnp.int32)
+        a_last = a_f[-1]
+        q_rope = frames_rope(a_f - jnp.maximum(0, a_last - window), grid[1:], model)
+        k_rope = frames_rope(slot_positions(a_last, window), grid[1:], model)
+        kv_len_b = jnp.full((b,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)
+        return frame_slots(a_f, window) * tokens, q_rope, k_rope, kv_len_b
+
+    start_c, q_rope_c, k_rope_c, kv_len_c = placement(cache["frames"], fc)
+    start_n, q_rope_n, k_rope_n, kv_len_n = placement(cache["frames"] + fc, f)
+    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(q_rope_c, q_rope_n))
+    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    lc = fc * tokens
+
+    def put(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, frames: int) -> jax.Array:
+        for j in range(frames):  # frame by frame: a block may wrap around the ring's end
+            frame = jax.lax.dynamic_slice_in_dim(new_bsnh, j * tokens, tokens, axis=1)
+            cache_bsnh = jax.lax.dynamic_update_slice_in_dim(cache_bsnh, frame, start_f[j], axis=1)
+        return cache_bsnh
+
+    def layer(block: WanBlock, x_bld: jax.Array, xs):
+        k_cache, v_cache, text_k, text_v = xs
+
+        def self_attention(attn: WanAttention, h_bld: jax.Array):
+            q_blnh, k_new, v_new = attn.self_qkv(h_bld, q_rope, None)  # K pre-RoPE, as cached
+            k_c, v_c = k_new[:, :lc], v_new[:, :lc]
+            k_clean, v_clean = put(k_cache, k_c, start_c, fc), put(v_cache, v_c, start_c, fc)
+            k_next = put(k_clean, k_new[:, lc:lc + f * tokens], start_n, f)
+            v_next = put(v_clean, v_new[:, lc:lc + f * tokens], start_n, f)
+            outs = []
+            for q, k_all, v_all, k_rope, kv_len in ((q_blnh[:, :lc], k_clean, v_clean, k_rope_c, kv_len_c),
+                                                     (q_blnh[:, lc:], k_next, v_next, k_rope_n, kv_len_n)):
+                k_all = constrain(rope.apply_rope(k_all, *k_rope), _CACHE_NAMES[1:])
+                outs.append(attn.attention(q, k_all, constrain(v_all, _CACHE_NAMES[1:]), kv_len_b=kv_len))
+            return attn.o(jnp.concatenate(outs, axis=1)), (k_c, v_c)
+
+        return block.forward(x_bld, None, tproj_bf6d, fc + f, self_attention=self_attention,
+                             cross_kv=(text_k, text_v), pad=pad)
+
+    xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
+    x_bld, clean_kv = model.scan_blocks(layer, x_bld, xs)
+    v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
+    write = lambda c, n: put(c, n, start_c, fc)  # noqa: E731
+    k_lbsnh, v_lbsnh = (jax.vmap(write)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), clean_kv))
+    return v_bfhwc, {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES),
+                     "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES), "frames": cache["frames"] + fc}
+
+
 # --------------------------------------------------------------------------------------------------
 # The whole sequence under the block-causal mask (reference for the cache, and teacher forcing)
 # --------------------------------------------------------------------------------------------------

@@ -212,6 +212,11 @@ class WanAttention(nnx.Module):
                mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
         """Attention + output projection. `kv_len_b` masks keys past a per-sample length (a padding
         mask, which cuDNN supports natively); `mask_bnls` is a general boolean mask."""
+        return self.o(self.attention(q_blnh, k_bsnh, v_bsnh, mask_bnls=mask_bnls, kv_len_b=kv_len_b))
+
+    def attention(self, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
+                  mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
+        """`attend` without the output projection: heads merged, (B, L, D)."""
         cfg = self.cfg
         q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
         # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
@@ -220,7 +225,7 @@ class WanAttention(nnx.Module):
         out_blnh = jax.nn.dot_product_attention(
             q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
             implementation=_attention_impl(cfg, q_blnh.dtype))
-        return self.o(out_blnh.reshape(*out_blnh.shape[:2], cfg.dim))
+        return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
                  rope_cs: tuple[jax.Array, jax.Array] | None = None, kv_len_b: jax.Array | None = None

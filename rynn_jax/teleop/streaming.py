@@ -47,6 +47,13 @@ class StepConfig:
     num_steps: int = 4  # denoising model calls per block (plus the clean cache-writing pass)
     shift: float = 5.0  # flow-schedule shift; 4 steps → timesteps [999, 937, 833, 624]
     solver: Literal["x0_euler", "unipc"] = "x0_euler"
+    # StreamingSession only: run a block's clean cache-writing pass together with the next block's
+    # first denoising pass, as one forward over both blocks (`make_deferred_step`); same results.
+    merge_clean_pass: bool = False
+
+    def __post_init__(self) -> None:
+        if self.merge_clean_pass and self.solver != "x0_euler":
+            raise ValueError("merge_clean_pass needs the x0_euler solver (its first step is run separately)")
 
 
 def step_schedule(scfg: StepConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -108,18 +115,71 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
     return step
 
 
+def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfig, *,
+                       after_clean: bool) -> Callable:
+    """`make_step` with the block's clean cache-writing pass left to the next block:
+    step(params, state, control, rng, clean_x0, clean_control) -> (x0, state). With `after_clean`,
+    the previous block (clean_x0, its control latents) is written to the cache in the same forward
+    as this block's first denoising pass (`causal.forward_block_after_clean`); without (a chunk's
+    first block), clean_* are ignored. The caller keeps (x0, control) for the next call; a chunk's
+    last block is never written (re-anchoring empties the cache anyway). Same outputs as
+    `make_step` up to float rounding, one forward fewer per chunk, and 4 instead of 5 passes per
+    block of which one is twice as tall. x0_euler solver only."""
+    if scfg.solver != "x0_euler":
+        raise ValueError("make_deferred_step needs the x0_euler solver")
+    timesteps_n, sigmas_n1 = step_schedule(scfg)
+
+    def step(params: nnx.State, state: State, control_bfhwc: jax.Array, rng: jax.Array,
+             clean_x0_bfhwc: jax.Array, clean_control_bfhwc: jax.Array) -> tuple[jax.Array, State]:
+        model = nnx.merge(graphdef, params)
+        cache, ref = state["cache"], state["ref_latent"]
+        b, f = control_bfhwc.shape[:2]
+        shape = (b, f, *ref.shape[2:])
+        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+            rng = jax.random.wrap_key_data(rng)
+        first_frame = cache["frames"] + (clean_x0_bfhwc.shape[1] if after_clean else 0)
+        pin_f = (first_frame + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
+        pin = lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)  # noqa: E731
+        t_of = lambda t: jnp.where(pin_f[None], 0.0, jnp.full((b, f), t, jnp.float32))  # noqa: E731
+
+        noise = jax.random.normal(jax.random.fold_in(rng, 0), shape, jnp.float32)
+        if after_clean:  # step 0 together with the previous block's clean pass, then the rest
+            v, cache = causal.forward_block_after_clean(model, cache, ccfg, clean_x0_bfhwc, clean_control_bfhwc,
+                                                        pin(noise), t_of(timesteps_n[0]), control_bfhwc)
+            x = _x0_euler_update(noise, v, rng, 0, np.float32(sigmas_n1[0]), np.float32(sigmas_n1[1]))
+            first = 1
+        else:
+            x, first = noise, 0
+
+        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
+            t_bf = jnp.where(pin_f[None], 0.0, t_bf)
+            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0]
+
+        x0 = pin(_x0_euler(velocity, x, rng, timesteps_n, sigmas_n1, first=first))
+        return x0, {**state, "cache": cache}
+
+    return step
+
+
+def _x0_euler_update(x: jax.Array, v: jax.Array, rng: jax.Array, i, sigma, sigma_next) -> jax.Array:
+    """One x0_euler step i: x0 = x − σ_i v, re-noised to σ_{i+1} with ε_i = N(fold_in(rng, i + 1))."""
+    x0 = x - sigma * v
+    eps = jax.random.normal(jax.random.fold_in(rng, i + 1), x.shape, x.dtype)
+    return (1.0 - sigma_next) * x0 + sigma_next * eps
+
+
 def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n: np.ndarray,
-              sigmas_n1: np.ndarray) -> jax.Array:
-    """x0 = x − σ_i v; x ← (1 − σ_{i+1}) x0 + σ_{i+1} ε_i with fresh ε_i (the last σ is 0)."""
+              sigmas_n1: np.ndarray, first: int = 0) -> jax.Array:
+    """x0 = x − σ_i v; x ← (1 − σ_{i+1}) x0 + σ_{i+1} ε_i with fresh ε_i (the last σ is 0), for the
+    steps i ≥ `first` starting from `noise` (the state after step first − 1)."""
     b = noise.shape[0]
-    steps = (np.arange(len(timesteps_n)), timesteps_n, sigmas_n1[:-1].astype(np.float32),
-             sigmas_n1[1:].astype(np.float32))
+    steps = (np.arange(len(timesteps_n))[first:], timesteps_n[first:], sigmas_n1[first:-1].astype(np.float32),
+             sigmas_n1[first + 1:].astype(np.float32))
 
     def body(x, s):
         i, t, sigma, sigma_next = s
-        x0 = x - sigma * velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32))
-        eps = jax.random.normal(jax.random.fold_in(rng, i + 1), x.shape, x.dtype)
-        return (1.0 - sigma_next) * x0 + sigma_next * eps, None
+        v = velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32))
+        return _x0_euler_update(x, v, rng, i, sigma, sigma_next), None
 
     # Re-noising the final x0 with σ = 0 is the identity: the carry after the loop is x0.
     return jax.lax.scan(body, noise, steps)[0]
@@ -294,6 +354,24 @@ def make_stream_step(dit_graphdef: nnx.GraphDef, enc: Codec, dec: Codec, ccfg: c
     return stream_step
 
 
+def make_deferred_stream_step(dit_graphdef: nnx.GraphDef, enc: Codec, dec: Codec, ccfg: causal.CausalConfig,
+                              scfg: StepConfig, *, after_clean: bool) -> Callable:
+    """`make_stream_step` over `make_deferred_step`: stream_step(dit_params, codec_params, state,
+    skeleton_bthw3, rng, clean_x0, clean_control) -> (rgb, state, (x0, control)), the last pair
+    being the next call's clean_x0 / clean_control."""
+    step = make_deferred_step(dit_graphdef, ccfg, scfg, after_clean=after_clean)
+
+    def stream_step(dit_params, codec_params, state: State, skeleton_bthw3: jax.Array, rng: jax.Array,
+                    clean_x0_bfhwc: jax.Array, clean_control_bfhwc: jax.Array):
+        control, enc_cache = encode_block(enc, codec_params[0], state["enc"], skeleton_bthw3)
+        latents, dit_state = step(dit_params, state["dit"], control, rng, clean_x0_bfhwc, clean_control_bfhwc)
+        rgb, dec_cache = decode_block(dec, codec_params[1], state["dec"], latents)
+        return (rgb, {"dit": dit_state, "enc": enc_cache, "dec": dec_cache, "last_rgb": rgb[:, -1]},
+                (latents, control))
+
+    return stream_step
+
+
 # --------------------------------------------------------------------------------------------------
 # Session: frame bookkeeping and re-anchoring on the host
 # --------------------------------------------------------------------------------------------------
@@ -310,6 +388,10 @@ class StreamingSession:
     frame 0 is the anchor, already shown; its skeleton frame is the previous block's last), 4F else.
     `chunk_frames=None` (rolling cache only) never re-anchors. `unroll_layers`: serve the DiT's
     layers unrolled (`dit.unrolled`; faster, longer compile).
+
+    `scfg.merge_clean_pass`: each block's clean cache pass runs in one forward with the next
+    block's first denoising pass (`make_deferred_step`; same frames, one executable for a chunk's
+    first block and one for the rest).
 
     `vae` encodes (the skeleton frames, the references) and decodes; `decoder` / `encoder`, when
     given, replace it on that side, e.g. the tiny autoencoder `models.tae` (same latent space,
@@ -340,8 +422,14 @@ class StreamingSession:
         self.dit_cfg = dit.cfg
         opts = compiler_options(dit.cfg)
         self._start = jax.jit(make_stream_start(self.dit_graphdef, enc, dec, ccfg), compiler_options=opts)
-        self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
-                             compiler_options=opts)
+        self.merge_clean_pass = scfg.merge_clean_pass
+        if scfg.merge_clean_pass:  # a chunk's first block, then every later one (two executables)
+            self._step_first, self._step_after = (
+                jax.jit(make_deferred_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg, after_clean=after),
+                        donate_argnums=2, compiler_options=opts) for after in (False, True))
+        else:
+            self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
+                                 compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(enc), donate_argnums=1)
         self.state: State | None = None
 
@@ -383,8 +471,16 @@ class StreamingSession:
         if self.chunk_pos == 0:  # pad to 4F: the chunk's frame 0 is read from index 3
             first = skel[:, :1] if self.chunks == 0 else self._last_skeleton
             skel = jnp.concatenate([jnp.repeat(first, 4, 1), skel[:, 1:] if self.chunks == 0 else skel], 1)
-        rgb, self.state = self._step(self.dit_params, self.codec_params, self.state, skel,
-                                     jax.random.key_data(jax.random.fold_in(self.rng, self.blocks)))
+        key = jax.random.key_data(jax.random.fold_in(self.rng, self.blocks))
+        if not self.merge_clean_pass:
+            rgb, self.state = self._step(self.dit_params, self.codec_params, self.state, skel, key)
+        elif self.chunk_pos == 0:  # nothing pending: the cache is empty (a new chunk)
+            placeholder = jnp.zeros((), jnp.float32)
+            rgb, self.state, self._clean = self._step_first(self.dit_params, self.codec_params, self.state, skel,
+                                                            key, placeholder, placeholder)
+        else:
+            rgb, self.state, self._clean = self._step_after(self.dit_params, self.codec_params, self.state, skel,
+                                                            key, *self._clean)
         self._last_skeleton = skel[:, -1:]
         self.blocks += 1
         self.chunk_pos += f
