@@ -85,6 +85,9 @@ def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch:
     from rynn_jax.models.dit import unrolled
     from rynn_jax.teleop import streaming
 
+    if scfg.merge_clean_pass:  # its steps take the previous block as extra inputs: not this calling convention
+        raise ValueError("export_causal_step exports the sequential step; StepConfig.merge_clean_pass is "
+                         "StreamingSession-only")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg

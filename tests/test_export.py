@@ -79,3 +79,12 @@ def test_export_roundtrip_in_fresh_process(tmp_path):
     theirs = np.load(tmp_path / "out.npy")
     assert theirs.dtype == np.float32 and theirs.shape == (3, B, 2, *HW, 8)
     np.testing.assert_array_equal(theirs, np.stack(ours))
+
+
+def test_export_refuses_the_merged_clean_pass(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="StreamingSession-only"):
+        export.export_causal_step(init_dit(CFG, 0), CCFG, streaming.StepConfig(merge_clean_pass=True), tmp_path,
+                                  batch=B, latent_hw=HW)
+    assert not any(tmp_path.iterdir())  # nothing half-written
