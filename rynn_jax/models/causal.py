@@ -140,6 +140,28 @@ def _input_tokens(model: WanDiT, z_bfhwc: jax.Array, control_bfhwc: jax.Array | 
     return x_bld
 
 
+def _placement(model: WanDiT, first_frame: jax.Array, frames: int, window: int, grid_hw: tuple[int, int],
+               batch: int):
+    """Where a block starting at chunk frame `first_frame` goes: (first cache token of each frame,
+    query RoPE, RoPE of every cache slot, key length per sample) once its frames are written."""
+    tokens = grid_hw[0] * grid_hw[1]
+    a_f = first_frame + jnp.arange(frames, dtype=jnp.int32)  # chunk index of each block frame
+    a_last = a_f[-1]
+    q_rope = frames_rope(a_f - jnp.maximum(0, a_last - window), grid_hw, model)
+    k_rope = frames_rope(slot_positions(a_last, window), grid_hw, model)
+    kv_len_b = jnp.full((batch,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)
+    return frame_slots(a_f, window) * tokens, q_rope, k_rope, kv_len_b
+
+
+def _put_frames(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, tokens: int) -> jax.Array:
+    """Write a block's K or V (B, F·tokens, N, H) into the cache, frame by frame (a block may wrap
+    around the ring's end)."""
+    for j in range(start_f.shape[0]):
+        frame = jax.lax.dynamic_slice_in_dim(new_bsnh, j * tokens, tokens, axis=1)
+        cache_bsnh = jax.lax.dynamic_update_slice_in_dim(cache_bsnh, frame, start_f[j], axis=1)
+    return cache_bsnh
+
+
 def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
                   control_bfhwc: jax.Array | None = None, *, write: bool) -> tuple[jax.Array, KVCache]:
     """Velocity (B, F, H, W, C) of the block that starts at chunk frame `cache["frames"]`, attending to
@@ -158,22 +180,11 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
     temb_bfd, tproj_bf6d = model.embed_time(t_bf)
 
-    a_f = cache["frames"] + jnp.arange(f, dtype=jnp.int32)  # chunk index of each block frame
-    a_last = a_f[-1]
-    base = jnp.maximum(0, a_last - window)
-    q_rope = frames_rope(a_f - base, grid[1:], model)
+    start_f, q_rope, k_rope, kv_len_b = _placement(model, cache["frames"], f, window, grid[1:], b)
     # Tail pads (cfg.token_multiple) ride along as queries only: put_block caches the first f·tokens
     # K/V, and the kv_len mask already ends at the real tokens.
     x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
-    k_rope = frames_rope(slot_positions(a_last, window), grid[1:], model)
-    start_f = frame_slots(a_f, window) * tokens
-    kv_len_b = jnp.full((b,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)
-
-    def put_block(cache_bsnh: jax.Array, new_bsnh: jax.Array) -> jax.Array:
-        for j in range(f):  # frame by frame: a block may wrap around the ring's end
-            frame = jax.lax.dynamic_slice_in_dim(new_bsnh, j * tokens, tokens, axis=1)
-            cache_bsnh = jax.lax.dynamic_update_slice_in_dim(cache_bsnh, frame, start_f[j], axis=1)
-        return cache_bsnh
+    put_block = lambda c, n: _put_frames(c, n, start_f, tokens)  # noqa: E731
 
     def layer(block: WanBlock, x_bld: jax.Array, xs):
         k_cache, v_cache, text_k, text_v = xs
@@ -230,25 +241,11 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
     temb_bfd, tproj_bf6d = model.embed_time(t_all)
 
-    def placement(first_frame: jax.Array, frames: int):
-        a_f = first_frame + jnp.arange(frames, dtype=jnp.int32)
-        a_last = a_f[-1]
-        q_rope = frames_rope(a_f - jnp.maximum(0, a_last - window), grid[1:], model)
-        k_rope = frames_rope(slot_positions(a_last, window), grid[1:], model)
-        kv_len_b = jnp.full((b,), (1 + jnp.minimum(a_last, window)) * tokens, jnp.int32)
-        return frame_slots(a_f, window) * tokens, q_rope, k_rope, kv_len_b
-
-    start_c, q_rope_c, k_rope_c, kv_len_c = placement(cache["frames"], fc)
-    start_n, q_rope_n, k_rope_n, kv_len_n = placement(cache["frames"] + fc, f)
+    start_c, q_rope_c, k_rope_c, kv_len_c = _placement(model, cache["frames"], fc, window, grid[1:], b)
+    start_n, q_rope_n, k_rope_n, kv_len_n = _placement(model, cache["frames"] + fc, f, window, grid[1:], b)
     q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(q_rope_c, q_rope_n))
     x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
     lc = fc * tokens
-
-    def put(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, frames: int) -> jax.Array:
-        for j in range(frames):  # frame by frame: a block may wrap around the ring's end
-            frame = jax.lax.dynamic_slice_in_dim(new_bsnh, j * tokens, tokens, axis=1)
-            cache_bsnh = jax.lax.dynamic_update_slice_in_dim(cache_bsnh, frame, start_f[j], axis=1)
-        return cache_bsnh
 
     def layer(block: WanBlock, x_bld: jax.Array, xs):
         k_cache, v_cache, text_k, text_v = xs
@@ -256,9 +253,9 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
         def self_attention(attn: WanAttention, h_bld: jax.Array):
             q_blnh, k_new, v_new = attn.self_qkv(h_bld, q_rope, None)  # K pre-RoPE, as cached
             k_c, v_c = k_new[:, :lc], v_new[:, :lc]
-            k_clean, v_clean = put(k_cache, k_c, start_c, fc), put(v_cache, v_c, start_c, fc)
-            k_next = put(k_clean, k_new[:, lc:lc + f * tokens], start_n, f)
-            v_next = put(v_clean, v_new[:, lc:lc + f * tokens], start_n, f)
+            k_clean, v_clean = _put_frames(k_cache, k_c, start_c, tokens), _put_frames(v_cache, v_c, start_c, tokens)
+            k_next = _put_frames(k_clean, k_new[:, lc:lc + f * tokens], start_n, tokens)
+            v_next = _put_frames(v_clean, v_new[:, lc:lc + f * tokens], start_n, tokens)
             outs = []
             for q, k_all, v_all, k_rope, kv_len in ((q_blnh[:, :lc], k_clean, v_clean, k_rope_c, kv_len_c),
                                                      (q_blnh[:, lc:], k_next, v_next, k_rope_n, kv_len_n)):
@@ -272,7 +269,7 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
     x_bld, clean_kv = model.scan_blocks(layer, x_bld, xs)
     v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
-    write = lambda c, n: put(c, n, start_c, fc)  # noqa: E731
+    write = lambda c, n: _put_frames(c, n, start_c, tokens)  # noqa: E731
     k_lbsnh, v_lbsnh = (jax.vmap(write)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), clean_kv))
     return v_bfhwc, {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES),
                      "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES), "frames": cache["frames"] + fc}
