@@ -89,19 +89,14 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
 
     def step(params: nnx.State, state: State, control_bfhwc: jax.Array, rng: jax.Array) -> tuple[jax.Array, State]:
         model = nnx.merge(graphdef, params)
-        cache, ref = state["cache"], state["ref_latent"]
+        cache = state["cache"]
         b, f = control_bfhwc.shape[:2]
-        shape = (b, f, *ref.shape[2:])
-        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-            rng = jax.random.wrap_key_data(rng)  # raw uint32 key data (exported executables)
-        pin_f = (cache["frames"] + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
-        pin = lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)  # noqa: E731
+        rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, cache["frames"])
 
         def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
             t_bf = jnp.where(pin_f[None], 0.0, t_bf)
             return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0]
 
-        noise = jax.random.normal(jax.random.fold_in(rng, 0), shape, jnp.float32)
         if scfg.solver == "unipc":
             x0 = samplers.sample_unipc(velocity, noise, num_steps=scfg.num_steps, shift=scfg.shift)
         else:
@@ -132,17 +127,12 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
     def step(params: nnx.State, state: State, control_bfhwc: jax.Array, rng: jax.Array,
              clean_x0_bfhwc: jax.Array, clean_control_bfhwc: jax.Array) -> tuple[jax.Array, State]:
         model = nnx.merge(graphdef, params)
-        cache, ref = state["cache"], state["ref_latent"]
+        cache = state["cache"]
         b, f = control_bfhwc.shape[:2]
-        shape = (b, f, *ref.shape[2:])
-        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-            rng = jax.random.wrap_key_data(rng)
         first_frame = cache["frames"] + (clean_x0_bfhwc.shape[1] if after_clean else 0)
-        pin_f = (first_frame + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
-        pin = lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)  # noqa: E731
+        rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, first_frame)
         t_of = lambda t: jnp.where(pin_f[None], 0.0, jnp.full((b, f), t, jnp.float32))  # noqa: E731
 
-        noise = jax.random.normal(jax.random.fold_in(rng, 0), shape, jnp.float32)
         if after_clean:  # step 0 together with the previous block's clean pass, then the rest
             v, cache = causal.forward_block_after_clean(model, cache, ccfg, clean_x0_bfhwc, clean_control_bfhwc,
                                                         pin(noise), t_of(timesteps_n[0]), control_bfhwc)
@@ -159,6 +149,18 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
         return x0, {**state, "cache": cache}
 
     return step
+
+
+def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_frame: jax.Array):
+    """(key, the block's initial noise, which frames are the chunk's frame 0, a function pinning
+    those to the reference latent) for a block that starts at chunk frame `first_frame`."""
+    ref = state["ref_latent"]
+    b, f = control_bfhwc.shape[:2]
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.wrap_key_data(rng)  # raw uint32 key data (exported executables)
+    noise = jax.random.normal(jax.random.fold_in(rng, 0), (b, f, *ref.shape[2:]), jnp.float32)
+    pin_f = (first_frame + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
+    return rng, noise, pin_f, lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)
 
 
 def _x0_euler_update(x: jax.Array, v: jax.Array, rng: jax.Array, i, sigma, sigma_next) -> jax.Array:
