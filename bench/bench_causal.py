@@ -8,7 +8,9 @@ Full Wan2.2-TI2V-5B config (random weights, bf16, cuDNN attention on GPU) at 480
 → 390 tokens per latent frame, 3 latent frames (12 video frames) per block, text context 512. One
 chunk = 7 blocks (21 latent frames) against the 21-frame cache; the table gives each block's
 position in the chunk (the cache fills up), then a rolling-cache steady state. Also times a single
-model pass against a full cache. Prints the AOT memory analysis, a table and JSON.
+model pass against a full cache, and the clean cache pass + the next block's first pass separately
+and merged into one forward (StepConfig.merge_clean_pass). Prints the AOT memory analysis, a table
+and JSON.
 """
 
 from __future__ import annotations
@@ -149,6 +151,29 @@ def main() -> None:
         ts.append((time.perf_counter() - t0) * 1e3)
     results["one_pass_full_cache_ms"] = statistics.median(ts)
 
+    # The merged clean pass (StepConfig.merge_clean_pass): block n's clean pass + block n+1's first
+    # denoising pass as one forward, against the two passes it replaces, at the last block of a chunk.
+    cache_n = {**state["cache"], "frames": jnp.int32(ccfg.cache_frames - 2 * fpb)}
+    clean = jax.random.normal(jax.random.fold_in(key, 1), z.shape, jnp.float32)
+    zeros = jnp.zeros((b, fpb), jnp.float32)
+    model_fn = lambda p: nnx.merge(graphdef, p)  # noqa: E731
+    clean_pass = jax.jit(lambda p, c: causal.forward_block(model_fn(p), c, ccfg, clean, zeros, control, write=True)[1],
+                         compiler_options=opts)
+    merged_pass = jax.jit(lambda p, c: causal.forward_block_after_clean(model_fn(p), c, ccfg, clean, control, z, t_bf,
+                                                                        control), compiler_options=opts)
+    written = clean_pass(params, cache_n)
+    v_seq = one_pass(params, written)
+    v_merged, _ = merged_pass(params, cache_n)
+    checks.close("merged clean pass vs clean pass then step", v_merged, v_seq, 2e-2)
+    for name, fn, arg in (("clean_pass_ms", clean_pass, cache_n), ("next_pass_ms", one_pass, written),
+                          ("merged_pass_ms", merged_pass, cache_n)):
+        ts = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, arg))
+            ts.append((time.perf_counter() - t0) * 1e3)
+        results[name] = statistics.median(ts)
+
     video_frames = 4 * fpb
     print(f"\n{'policy':8s} {'block':>6s} {'cached':>6s} {'median ms':>10s} {'min ms':>8s} {'ms/video frame':>15s} {'fps':>6s}")
     for r in rows:
@@ -158,6 +183,9 @@ def main() -> None:
               f"{r['min_ms']:8.2f} {r['ms_per_video_frame']:15.2f} {r['fps']:6.1f}")
     print(f"one model pass (block of {fpb} vs full cache): {results['one_pass_full_cache_ms']:.2f} ms; "
           f"compile {results['compile_s/full']:.1f} s")
+    print(f"clean pass {results['clean_pass_ms']:.2f} + next block's pass {results['next_pass_ms']:.2f} ms "
+          f"= {results['clean_pass_ms'] + results['next_pass_ms']:.2f} ms, merged into one forward "
+          f"{results['merged_pass_ms']:.2f} ms (StepConfig.merge_clean_pass)")
     out = dict(rows=rows, **results, checks=checks.rows, argv=sys.argv[1:], backend=jax.default_backend(),
                device=jax.devices()[0].device_kind, layers=cfg.num_layers, tokens_per_frame=tokens,
                frames_per_block=fpb, batch=b, steps=a.steps, solver=a.solver, dtype=cfg.dtype, fp8=cfg.fp8, token_multiple=cfg.token_multiple)

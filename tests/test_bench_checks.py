@@ -77,6 +77,9 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     assert [r["block"] for r in full] == list(range(7))  # 21-frame cache / 3-frame blocks
     for r in causal["rows"]:
         assert abs(r["ms_per_video_frame"] * 4 * causal["frames_per_block"] - r["median_ms"]) < 1e-6 * r["median_ms"]
+    merged = [c for c in causal["checks"] if c["check"].startswith("merged clean pass")]
+    assert len(merged) == 1 and merged[0]["value"] < 1e-2
+    assert min(causal[k] for k in ("clean_pass_ms", "next_pass_ms", "merged_pass_ms")) > 0
     stream = json.loads(stream_out.read_text())
     assert stream["fp8_dit"] and stream["checks"] and all(c["ok"] for c in stream["checks"])
     assert stream["fp8_activations"] == "static" and stream["merge_clean_pass"]
