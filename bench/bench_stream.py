@@ -14,7 +14,9 @@ Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on 
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
 `--merge-clean-pass` runs each block's clean cache pass together with the next block's first
-denoising pass (StepConfig.merge_clean_pass).
+denoising pass (StepConfig.merge_clean_pass). `--ab merge` / `--ab fp8-static` time a variant and its
+baseline in one process, taking turns chunk by chunk after their warm-up (this bench's run-to-run
+spread between calls is ±3%, more than the differences being measured).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
-               token_multiple=a.token_multiple, merge_clean_pass=a.merge_clean_pass, encoder=a.encoder, decoder=a.decoder,
+               token_multiple=a.token_multiple, merge_clean_pass=a.merge_clean_pass, ab=a.ab, encoder=a.encoder, decoder=a.decoder,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
 
@@ -78,9 +80,10 @@ def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, che
     return static, row
 
 
-def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int) -> dict:
-    """Stream `chunks` 81-frame chunks; time per block. The first `warm_chunks` chunks compile every
-    executable (step, re-anchor, each render length) and are reported but not in the steady state."""
+def stream_chunks(session, render, joints, elbows, image, ctx, chunks: int):
+    """Generator: starts the session, then streams `chunks` 81-frame chunks, timing every block
+    (skeleton render included); yields (the chunk's block rows, the last RGB block) after each
+    chunk. The first row carries `time_to_first_frame_s` (start + first block, compiles included)."""
     import jax
     import jax.numpy as jnp
 
@@ -88,7 +91,7 @@ def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_c
     total = 1 + 80 * chunks
     t0 = time.perf_counter()
     session.start(image, ctx, jax.random.key(0))
-    used, rows, first_frame_s = 0, [], None
+    used, rows = 0, []
     while used < total:
         n = session.frames_needed
         if used + n > total:
@@ -99,16 +102,49 @@ def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_c
         rgb.block_until_ready()
         dt = time.perf_counter() - tb
         used += n
-        if first_frame_s is None:
-            first_frame_s = time.perf_counter() - t0
         rows.append(dict(block=session.blocks, chunk=session.chunks, frames_out=int(rgb.shape[1]), ms=dt * 1e3))
+        if session.blocks == 1:
+            rows[-1]["time_to_first_frame_s"] = time.perf_counter() - t0
         print(rows[-1], flush=True)
+        if session._chunk_done or used == total:
+            yield rows, rgb
+            rows = []
+
+
+def summarize(rows: list[dict], b: int, warm_chunks: int) -> dict:
+    """Steady state over the chunks after the first `warm_chunks` (they compile every executable:
+    step, re-anchor, each render length; reported, not averaged)."""
     steady = [r for r in rows if r["chunk"] >= warm_chunks]
     frames = b * sum(r["frames_out"] for r in steady)
     ms_per_frame = sum(r["ms"] for r in steady) / max(1, frames)
-    return rgb, dict(batch=b, time_to_first_frame_s=first_frame_s, steady_ms_per_frame=ms_per_frame,
+    return dict(batch=b, time_to_first_frame_s=rows[0]["time_to_first_frame_s"], steady_ms_per_frame=ms_per_frame,
                 steady_fps=1e3 / ms_per_frame, median_block_ms=statistics.median(r["ms"] for r in steady),
                 rows=rows)
+
+
+def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int):
+    """All chunks of one session → (last RGB block, summary)."""
+    rows = []
+    for chunk_rows, rgb in stream_chunks(session, render, joints, elbows, image, ctx, chunks):
+        rows += chunk_rows
+    return rgb, summarize(rows, image.shape[0], warm_chunks)
+
+
+def run_ab(sessions: dict, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int):
+    """Two sessions in one process: each streams its warm-up chunks, then they take turns chunk by
+    chunk, so slow drifts of the machine (clocks, other tenants) hit both alike. → {name: (rgb, summary)}."""
+    streams = {name: stream_chunks(s, render, joints, elbows, image, ctx, chunks) for name, s in sessions.items()}
+    rows = {name: [] for name in sessions}
+    last = {}
+    for name, gen in streams.items():  # warm-up (compiles), one session after the other
+        for _ in range(warm_chunks):
+            chunk_rows, last[name] = next(gen)
+            rows[name] += chunk_rows
+    for _ in range(chunks - warm_chunks):
+        for name, gen in streams.items():
+            chunk_rows, last[name] = next(gen)
+            rows[name] += chunk_rows
+    return {name: (last[name], summarize(rows[name], image.shape[0], warm_chunks)) for name in sessions}
 
 
 def main() -> None:
@@ -138,8 +174,17 @@ def main() -> None:
     p.add_argument("--merge-clean-pass", action="store_true",
                    help="StepConfig.merge_clean_pass: each block's clean cache pass runs in one forward with "
                         "the next block's first denoising pass (same frames, fewer and taller passes)")
+    p.add_argument("--ab", choices=["merge", "fp8-static"], default=None,
+                   help="time two variants in one process, taking turns chunk by chunk: 'merge' = without / "
+                        "with --merge-clean-pass; 'fp8-static' (needs --fp8) = per-token / static activation scales")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
+    if a.ab == "fp8-static":
+        if not a.fp8:
+            p.error("--ab fp8-static needs --fp8")
+        a.fp8_activations = "static"
+    if a.ab == "merge" and a.merge_clean_pass:
+        p.error("--ab merge times both; leave out --merge-clean-pass")
     if a.chunks <= a.warm_chunks:
         p.error("--chunks must exceed --warm-chunks (nothing left to time)")
     if a.fp8_activations != "per_token" and not a.fp8:
@@ -188,35 +233,55 @@ def main() -> None:
             latent_shape = (1, CausalConfig().frames_per_block, a.height // stride, a.width // stride,
                             dit_cfg.in_channels)
             ctx = jnp.zeros((1, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)  # as served below
+            dit_per_token = dit
             dit, fp8_calibration = calibrate_static(dit_float, dit, latent_shape, ctx, checks)
+            if a.ab != "fp8-static":
+                del dit_per_token
         del dit_float
     rcfg = RenderConfig(width=a.width, height=a.height)
     k = default_intrinsics(rcfg)
     joints, elbows = synthetic_hand_motion(1 + 80 * a.chunks, seed=0)
     render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
 
+    def make_session(model, merge: bool):
+        return StreamingSession(model, vae, CausalConfig(), StepConfig(merge_clean_pass=merge),
+                                unroll_layers=not a.no_unroll, encoder=tiny_ae if a.encoder == "tae" else None,
+                                decoder=tiny_ae if a.decoder == "tae" else None)
+
+    variants = {"": (dit, a.merge_clean_pass)}  # name → (DiT, merge_clean_pass)
+    if a.ab == "merge":
+        variants = {"sequential clean pass": (dit, False), "merged clean pass": (dit, True)}
+    elif a.ab == "fp8-static":
+        variants = {"fp8 per-token scales": (dit_per_token, a.merge_clean_pass),
+                    "fp8 static scales": (dit, a.merge_clean_pass)}
     for b in a.batch:
-        session = StreamingSession(dit, vae, CausalConfig(), StepConfig(merge_clean_pass=a.merge_clean_pass),
-                                   unroll_layers=not a.no_unroll,
-                                   encoder=tiny_ae if a.encoder == "tae" else None,
-                                   decoder=tiny_ae if a.decoder == "tae" else None)
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
-        last_rgb, res = run_session(session, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
-        checks.finite(f"B={b}: last block's frames", last_rgb)
-        res["compile_cache_entries_at_start"] = cache_entries_at_start
-        results.append(res)
-        print(f"B={b}: time to first frame {res['time_to_first_frame_s']:.2f} s (includes compilation); "
-              f"steady {res['steady_ms_per_frame']:.2f} ms per output frame = {res['steady_fps']:.1f} FPS "
-              f"aggregate, {res['steady_fps'] / b:.1f} per session (median block {res['median_block_ms']:.1f} ms)",
-              flush=True)
-        del session
+        sessions = {name: make_session(*v) for name, v in variants.items()}
+        if a.ab:
+            out = run_ab(sessions, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
+        else:
+            out = {"": run_session(sessions[""], render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)}
+        if a.ab == "merge":  # same weights, seeds and inputs: the same frames up to rounding
+            checks.close(f"B={b} merged vs sequential clean pass: last block's frames",
+                         out["merged clean pass"][0], out["sequential clean pass"][0], 1e-1)
+        for name, (last_rgb, res) in out.items():
+            checks.finite(f"B={b}{' ' + name if name else ''}: last block's frames", last_rgb)
+            res["compile_cache_entries_at_start"] = cache_entries_at_start
+            if name:
+                res["variant"] = name
+            results.append(res)
+            print(f"B={b}{' ' + name if name else ''}: time to first frame {res['time_to_first_frame_s']:.2f} s "
+                  f"(includes compilation); steady {res['steady_ms_per_frame']:.2f} ms per output frame = "
+                  f"{res['steady_fps']:.1f} FPS aggregate, {res['steady_fps'] / b:.1f} per session "
+                  f"(median block {res['median_block_ms']:.1f} ms)", flush=True)
+        del sessions
         _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration)  # after every batch size: a cut run keeps its rows
 
-    print("\n| sessions | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| sessions | variant | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['batch']} | {r['steady_fps']:.1f} | {r['steady_fps'] / r['batch']:.1f} | "
+        print(f"| {r['batch']} | {r.get('variant', '-')} | {r['steady_fps']:.1f} | {r['steady_fps'] / r['batch']:.1f} | "
               f"{r['steady_ms_per_frame']:.2f} | {r['median_block_ms']:.1f} | {r['time_to_first_frame_s']:.1f} |")
     checks.exit_if_failed()
 

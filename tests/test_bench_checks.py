@@ -66,8 +66,9 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     causal_out, stream_out = tmp_path / "causal.json", tmp_path / "stream.json"
     runs = [["bench/bench_causal.py", "--tiny", "--layers", "1", "--fp8", "--chunks", "2", "--rolling-blocks", "2",
              "--out", str(causal_out)],
-            ["bench/bench_stream.py", "--tiny", "--height", "64", "--width", "64", "--fp8", "--chunks", "2",
-             "--fp8-activations", "static", "--merge-clean-pass", "--warm-chunks", "1", "--out", str(stream_out)]]
+            ["bench/bench_stream.py", "--tiny", "--height", "64", "--width", "64", "--fp8", "--chunks", "3",
+             "--fp8-activations", "static", "--ab", "merge", "--warm-chunks", "1",
+             "--out", str(stream_out)]]
     for argv in runs:
         proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -82,13 +83,17 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     assert min(causal[k] for k in ("clean_pass_ms", "next_pass_ms", "merged_pass_ms")) > 0
     stream = json.loads(stream_out.read_text())
     assert stream["fp8_dit"] and stream["checks"] and all(c["ok"] for c in stream["checks"])
-    assert stream["fp8_activations"] == "static" and stream["merge_clean_pass"]
+    assert stream["fp8_activations"] == "static" and stream["ab"] == "merge"
+    assert [r["variant"] for r in stream["results"]] == ["sequential clean pass", "merged clean pass"]
+    same = [c for c in stream["checks"] if "merged vs sequential" in c["check"]]
+    assert len(same) == 1 and same[0]["value"] < 1e-3, same  # float32 on CPU: equal up to rounding
     calib = stream["fp8_calibration"]
     assert len(calib["calibration_timesteps"]) == 5 and calib["calibration_timesteps"][-1] == 0.0
     for name, err in calib["rel_l2_vs_bf16"].items():  # FP8 rounding: a few percent, not zero
         assert 1e-3 < err < 1e-1, (name, err)
-    res = stream["results"][0]
-    assert res["batch"] == 1 and abs(res["steady_fps"] * res["steady_ms_per_frame"] - 1000.0) < 1e-6
+    for res in stream["results"]:
+        assert res["batch"] == 1 and abs(res["steady_fps"] * res["steady_ms_per_frame"] - 1000.0) < 1e-6
+        assert {r["chunk"] for r in res["rows"]} == {0, 1, 2} and res["time_to_first_frame_s"] > 0
 
 
 def test_dit_bench_fp8_static_rows(tmp_path):
