@@ -143,13 +143,17 @@ def main() -> None:
     t_bf = jnp.full((b, fpb), 937.0)
     one_pass = jax.jit(lambda p, cache: causal.forward_block(nnx.merge(graphdef, p), cache, ccfg, z, t_bf, control,
                                                              write=False)[0], compiler_options=opts)
-    one_pass(params, cache).block_until_ready()
-    ts = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        one_pass(params, cache).block_until_ready()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    results["one_pass_full_cache_ms"] = statistics.median(ts)
+
+    def median_ms(fn, *args, iters: int = 10) -> float:
+        jax.block_until_ready(fn(*args))  # compile
+        ts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+
+    results["one_pass_full_cache_ms"] = median_ms(one_pass, params, cache)
 
     # The merged clean pass (StepConfig.merge_clean_pass): block n's clean pass + block n+1's first
     # denoising pass as one forward, against the two passes it replaces, at the last block of a chunk.
@@ -167,12 +171,7 @@ def main() -> None:
     checks.close("merged clean pass vs clean pass then step", v_merged, v_seq, 2e-2)
     for name, fn, arg in (("clean_pass_ms", clean_pass, cache_n), ("next_pass_ms", one_pass, written),
                           ("merged_pass_ms", merged_pass, cache_n)):
-        ts = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(params, arg))
-            ts.append((time.perf_counter() - t0) * 1e3)
-        results[name] = statistics.median(ts)
+        results[name] = median_ms(fn, params, arg)
 
     video_frames = 4 * fpb
     print(f"\n{'policy':8s} {'block':>6s} {'cached':>6s} {'median ms':>10s} {'min ms':>8s} {'ms/video frame':>15s} {'fps':>6s}")

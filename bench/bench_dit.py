@@ -113,6 +113,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
 
     from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
     from rynn_jax.models.fp8 import calibrate, compiler_options, quantize_dit
+    from rynn_jax.teleop.calibrate_fp8 import calibration_timesteps
 
     rows, first_out = [], {}
     gpu = jax.default_backend() == "gpu"
@@ -137,20 +138,19 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
 
         if fp8:  # the same weights, block linears quantized to FP8 (serving path)
             model_q = quantize_dit(nnx.merge(graphdef, state))
+            if fp8_static:  # calibrated activation scales: random inputs at the student's timesteps + 0
+                model_s = calibrate(model_q, lambda m, b: m(*b), _calibration_batches(frames[0], calibration_timesteps()))
+                if layout != "stacked":
+                    model_s = unrolled(model_s, fuse_self_qkv=layout == "per_layer")
+                graphdef_s, state_s = nnx.split(model_s)
+                del model_s
+                fwd_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(z, t, ctx))
             if layout != "stacked":
                 model_q = unrolled(model_q, fuse_self_qkv=layout == "per_layer")
             opts_q = compiler_options(model_q.cfg)
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
-            if fp8_static:  # calibrated activation scales: random inputs at the student's timesteps + 0
-                model_s = calibrate(quantize_dit(nnx.merge(graphdef, state)), lambda m, b: m(*b),
-                                    _calibration_batches(frames[0], (999.0, 937.0, 833.0, 624.0, 0.0)))
-                if layout != "stacked":
-                    model_s = unrolled(model_s, fuse_self_qkv=layout == "per_layer")
-                graphdef_s, state_s = nnx.split(model_s)
-                del model_s
-                fwd_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(z, t, ctx))
         if layout != "stacked":  # the serving layout: per-layer weights (dit.unrolled)
             graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state), fuse_self_qkv=layout == "per_layer"))
 

@@ -48,13 +48,11 @@ def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, che
     """fp8.calibrate on random block latents/control latents at the 4 denoising timesteps and the
     t = 0 cache pass; then one held-out block (t = 833) through the bf16, per-token FP8 and static
     FP8 models. Returns (static model, JSON row)."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
     from rynn_jax.models import fp8
-    from rynn_jax.teleop.streaming import StepConfig, step_schedule
+    from rynn_jax.teleop.calibrate_fp8 import calibration_timesteps, fp8_distance
 
     rng = np.random.default_rng(1)
     lat = lambda: jnp.asarray(rng.standard_normal(latent_shape), jnp.float32)  # noqa: E731
@@ -62,20 +60,13 @@ def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, che
     def batch(t: float):
         return lat(), jnp.full(latent_shape[:2], t, jnp.float32), ctx, lat()
 
-    timesteps = [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]
+    timesteps = calibration_timesteps()
     t0 = time.perf_counter()
     static = fp8.calibrate(dit_fp8, lambda m, b: m(*b), [batch(t) for t in timesteps])
     calib_s = time.perf_counter() - t0
-    held = batch(833.0)
-    outs = {}
-    for name, m in (("bf16", dit_float), ("fp8_per_token", dit_fp8), ("fp8_static", static)):
-        graphdef, state = nnx.split(m)
-        fwd = jax.jit(lambda s, b, g=graphdef: nnx.merge(g, s)(*b), compiler_options=fp8.compiler_options(m.cfg))
-        outs[name] = np.asarray(fwd(state, held), np.float64)
-    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
-    row = dict(calibration_timesteps=timesteps, calibration_s=calib_s,
-               rel_l2_vs_bf16={k: rel(outs[k], outs["bf16"]) for k in ("fp8_per_token", "fp8_static")})
-    checks.finite("fp8 static: held-out forward", outs["fp8_static"])
+    rel = fp8_distance(dit_float, dit_fp8, static, batch(833.0))  # a held-out block
+    row = dict(calibration_timesteps=timesteps, calibration_s=calib_s, rel_l2_vs_bf16=rel)
+    checks.finite("fp8 static: held-out forward", np.asarray(list(rel.values())))  # NaN/Inf output → NaN distance
     print(f"fp8 calibration {calib_s:.1f} s; held-out block rel L2 vs bf16: {row['rel_l2_vs_bf16']}", flush=True)
     return static, row
 

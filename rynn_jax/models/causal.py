@@ -162,6 +162,23 @@ def _put_frames(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, 
     return cache_bsnh
 
 
+def _check_fits(cache: KVCache, ccfg: CausalConfig, frames: int, tokens: int) -> None:
+    if frames > ccfg.window_frames + 1:
+        raise ValueError(f"a block of {frames} frames does not fit a window of {ccfg.window_frames} (+ the sink)")
+    if cache["k_lbsnh"].shape[2] != ccfg.cache_frames * tokens:
+        raise ValueError(f"cache holds {cache['k_lbsnh'].shape[2]} tokens, expected "
+                         f"{ccfg.cache_frames} frames × {tokens}")
+
+
+def _write_block(cache: KVCache, new_kv: tuple[jax.Array, jax.Array], start_f: jax.Array, tokens: int) -> KVCache:
+    """The cache with a block's per-layer K/V (layers, B, F·tokens, N, H) written at its frames'
+    slots, and `frames` advanced past it."""
+    write = lambda c, n: _put_frames(c, n, start_f, tokens)  # noqa: E731
+    k_lbsnh, v_lbsnh = (jax.vmap(write)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), new_kv))
+    return {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES), "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES),
+            "frames": cache["frames"] + start_f.shape[0]}
+
+
 def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
                   control_bfhwc: jax.Array | None = None, *, write: bool) -> tuple[jax.Array, KVCache]:
     """Velocity (B, F, H, W, C) of the block that starts at chunk frame `cache["frames"]`, attending to
@@ -172,11 +189,7 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     f, tokens = grid[0], grid[1] * grid[2]
     b = z_bfhwc.shape[0]
     window = ccfg.window_frames
-    if f > window + 1:
-        raise ValueError(f"a block of {f} frames does not fit a window of {window} (+ the sink)")
-    if cache["k_lbsnh"].shape[2] != ccfg.cache_frames * tokens:
-        raise ValueError(f"cache holds {cache['k_lbsnh'].shape[2]} tokens, expected "
-                         f"{ccfg.cache_frames} frames × {tokens}")
+    _check_fits(cache, ccfg, f, tokens)
     x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
     temb_bfd, tproj_bf6d = model.embed_time(t_bf)
 
@@ -203,11 +216,7 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
     x_bld, new_kv = model.scan_blocks(layer, x_bld, xs)
     v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)
-    if not write:
-        return v_bfhwc, cache
-    k_lbsnh, v_lbsnh = (jax.vmap(put_block)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), new_kv))
-    return v_bfhwc, {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES),
-                     "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES), "frames": cache["frames"] + f}
+    return v_bfhwc, (_write_block(cache, new_kv, start_f, tokens) if write else cache)
 
 
 def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
@@ -231,11 +240,7 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
     b = z_bfhwc.shape[0]
     window = ccfg.window_frames
-    if max(fc, f) > window + 1:
-        raise ValueError(f"a block of {max(fc, f)} frames does not fit a window of {window} (+ the sink)")
-    if cache["k_lbsnh"].shape[2] != ccfg.cache_frames * tokens:
-        raise ValueError(f"cache holds {cache['k_lbsnh'].shape[2]} tokens, expected "
-                         f"{ccfg.cache_frames} frames × {tokens}")
+    _check_fits(cache, ccfg, max(fc, f), tokens)
     x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
                              _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
     t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
@@ -269,10 +274,7 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
     x_bld, clean_kv = model.scan_blocks(layer, x_bld, xs)
     v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
-    write = lambda c, n: _put_frames(c, n, start_c, tokens)  # noqa: E731
-    k_lbsnh, v_lbsnh = (jax.vmap(write)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), clean_kv))
-    return v_bfhwc, {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES),
-                     "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES), "frames": cache["frames"] + fc}
+    return v_bfhwc, _write_block(cache, clean_kv, start_c, tokens)
 
 
 # --------------------------------------------------------------------------------------------------

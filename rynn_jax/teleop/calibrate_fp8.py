@@ -74,15 +74,35 @@ def calibration_batches(clips: Iterable[dict[str, np.ndarray]], cfg: WanDiTConfi
             yield z, np.full((1, frames), t, np.float32), text, ctrl_w
 
 
-def main(argv: list[str] | None = None) -> dict:
+def calibration_timesteps() -> list[float]:
+    """The model timesteps a served block sees: the 4-step student's, then 0 (the clean cache pass)."""
+    from rynn_jax.teleop.streaming import StepConfig, step_schedule
+
+    return [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]
+
+
+def fp8_distance(float_model, per_token, static, batch: tuple) -> dict[str, float]:
+    """Relative L2 distance of the per-token and static FP8 models' outputs from the float model's
+    on one batch `model(*batch)` (each model jitted with its own compiler options)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from rynn_jax.models import fp8
+
+    outs = {}
+    for name, m in (("float", float_model), ("fp8_per_token", per_token), ("fp8_static", static)):
+        graphdef, state = nnx.split(m)
+        fwd = jax.jit(lambda s, b, g=graphdef: nnx.merge(g, s)(*b), compiler_options=fp8.compiler_options(m.cfg))
+        outs[name] = np.asarray(fwd(state, tuple(jnp.asarray(x) for x in batch)), np.float64)
+    return {k: float(np.linalg.norm(outs[k] - outs["float"]) / np.linalg.norm(outs["float"]))
+            for k in ("fp8_per_token", "fp8_static")}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from rynn_jax.models import fp8
     from rynn_jax.models.causal import CausalConfig
     from rynn_jax.teleop.demo import build_dit
-    from rynn_jax.teleop.streaming import StepConfig, step_schedule
 
     p = argparse.ArgumentParser(prog="python serve.py calibrate-fp8", description=__doc__.splitlines()[0])
     p.add_argument("--latents", required=True, help="directory of latent shards (rynn_jax.data.preencode)")
@@ -98,20 +118,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     dit = build_dit(a.dit, a.seed)
     clips = read_clips(a.latents, a.clips)
-    timesteps = [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]  # 4 steps + the cache pass
+    timesteps = calibration_timesteps()
     frames = CausalConfig().frames_per_block
     batches = list(calibration_batches(clips, dit.cfg, frames=frames, timesteps=timesteps, seed=a.seed))
     quantized = fp8.quantize_dit(dit)
     static = fp8.calibrate(quantized, lambda m, b: m(*b), batches, margin=a.margin)
 
-    # How far one calibration batch lands from the float model, per-token vs static scales.
-    outs = {}
-    for name, m in (("float", dit), ("fp8_per_token", quantized), ("fp8_static", static)):
-        graphdef, state = nnx.split(m)
-        fwd = jax.jit(lambda s, b, g=graphdef: nnx.merge(g, s)(*b), compiler_options=fp8.compiler_options(m.cfg))
-        outs[name] = np.asarray(fwd(state, tuple(jnp.asarray(x) for x in batches[1])), np.float64)
-    rel = {k: float(np.linalg.norm(outs[k] - outs["float"]) / np.linalg.norm(outs["float"]))
-           for k in ("fp8_per_token", "fp8_static")}
+    rel = fp8_distance(dit, quantized, static, batches[1])  # per-token vs static, on one calibration batch
 
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     fp8.save_scales(a.out, static, clips=str(len(clips)), timesteps=json.dumps(timesteps), margin=str(a.margin),
