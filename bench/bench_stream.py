@@ -13,8 +13,10 @@ Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on 
 `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
-`--merge-clean-pass` runs each block's clean cache pass together with the next block's first
-denoising pass (StepConfig.merge_clean_pass). `--ab merge` / `--ab fp8-static` time a variant and its
+Blocks run as served (`streaming.SERVING_STEPS`: each block's clean cache pass merged into the
+next block's first denoising pass); `--clean-pass sequential` runs the passes in turn, as before
+session 9. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass copying
+the KV cache, as before session 9, vs one working copy per block) time a variant and its
 baseline in one process, taking turns chunk by chunk after their warm-up (this bench's run-to-run
 spread between calls is ±3%, more than the differences being measured).
 """
@@ -22,6 +24,7 @@ spread between calls is ±3%, more than the differences being measured).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -39,7 +42,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
-               token_multiple=a.token_multiple, merge_clean_pass=a.merge_clean_pass, ab=a.ab, encoder=a.encoder, decoder=a.decoder,
+               token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
 
@@ -162,20 +165,21 @@ def main() -> None:
                    help="pixel decoder: the exact Wan2.2 VAE or the tiny autoencoder (models/tae.py)")
     p.add_argument("--encoder", choices=["vae", "tae"], default="vae",
                    help="skeleton/reference encoder: the exact Wan2.2 VAE or the tiny autoencoder")
-    p.add_argument("--merge-clean-pass", action="store_true",
-                   help="StepConfig.merge_clean_pass: each block's clean cache pass runs in one forward with "
-                        "the next block's first denoising pass (same frames, fewer and taller passes)")
-    p.add_argument("--ab", choices=["merge", "fp8-static"], default=None,
+    p.add_argument("--clean-pass", choices=["merged", "sequential"], default="merged",
+                   help="merged (as served, StepConfig.merge_clean_pass): each block's clean cache pass runs in "
+                        "one forward with the next block's first denoising pass; sequential: in turn")
+    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache"], default=None,
                    help="time two variants in one process, taking turns chunk by chunk: 'merge' = without / "
-                        "with --merge-clean-pass; 'fp8-static' (needs --fp8) = per-token / static activation scales")
+                        "with the merged clean pass; 'fp8-static' (needs --fp8) = per-token / static activation scales; "
+                        "'working-cache' = every pass copying the cache / one working copy per block")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.ab == "fp8-static":
         if not a.fp8:
             p.error("--ab fp8-static needs --fp8")
         a.fp8_activations = "static"
-    if a.ab == "merge" and a.merge_clean_pass:
-        p.error("--ab merge times both; leave out --merge-clean-pass")
+    if a.ab == "merge" and "--clean-pass" in sys.argv:
+        p.error("--ab merge times both clean passes; leave out --clean-pass")
     if a.chunks <= a.warm_chunks:
         p.error("--chunks must exceed --warm-chunks (nothing left to time)")
     if a.fp8_activations != "per_token" and not a.fp8:
@@ -189,7 +193,7 @@ def main() -> None:
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
-    from rynn_jax.teleop.streaming import StepConfig, StreamingSession
+    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
 
     cache_entries_at_start = None
     if a.compile_cache:
@@ -234,17 +238,21 @@ def main() -> None:
     joints, elbows = synthetic_hand_motion(1 + 80 * a.chunks, seed=0)
     render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
 
-    def make_session(model, merge: bool):
-        return StreamingSession(model, vae, CausalConfig(), StepConfig(merge_clean_pass=merge),
+    def make_session(model, merge: bool, working_cache: bool = True):
+        scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=merge, working_cache=working_cache)
+        return StreamingSession(model, vae, CausalConfig(), scfg,
                                 unroll_layers=not a.no_unroll, encoder=tiny_ae if a.encoder == "tae" else None,
                                 decoder=tiny_ae if a.decoder == "tae" else None)
 
-    variants = {"": (dit, a.merge_clean_pass)}  # name → (DiT, merge_clean_pass)
+    merged = a.clean_pass == "merged"
+    variants = {"": (dit, merged)}  # name → (DiT, merge_clean_pass)
     if a.ab == "merge":
         variants = {"sequential clean pass": (dit, False), "merged clean pass": (dit, True)}
+    elif a.ab == "working-cache":
+        variants = {"cache copied every pass": (dit, merged, False), "working cache per block": (dit, merged, True)}
     elif a.ab == "fp8-static":
-        variants = {"fp8 per-token scales": (dit_per_token, a.merge_clean_pass),
-                    "fp8 static scales": (dit, a.merge_clean_pass)}
+        variants = {"fp8 per-token scales": (dit_per_token, merged),
+                    "fp8 static scales": (dit, merged)}
     for b in a.batch:
         image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (b, a.height, a.width, 3)), jnp.float32)
         ctx = jnp.zeros((b, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32)
@@ -253,9 +261,9 @@ def main() -> None:
             out = run_ab(sessions, render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)
         else:
             out = {"": run_session(sessions[""], render, joints, elbows, image, ctx, a.chunks, a.warm_chunks)}
-        if a.ab == "merge":  # same weights, seeds and inputs: the same frames up to rounding
-            checks.close(f"B={b} merged vs sequential clean pass: last block's frames",
-                         out["merged clean pass"][0], out["sequential clean pass"][0], 1e-1)
+        if a.ab in ("merge", "working-cache"):  # same weights, seeds and inputs: the same frames up to rounding
+            (name_a, (rgb_a, _)), (name_b, (rgb_b, _)) = out.items()
+            checks.close(f"B={b} {name_b} vs {name_a}: last block's frames", rgb_b, rgb_a, 1e-1)
         for name, (last_rgb, res) in out.items():
             checks.finite(f"B={b}{' ' + name if name else ''}: last block's frames", last_rgb)
             res["compile_cache_entries_at_start"] = cache_entries_at_start

@@ -8,7 +8,10 @@ are summed per call and grouped into categories (matmul, conv, attention, copy, 
 other). `busy_ms` is the summed kernel time per call, `wall_ms` the host-timed median: their gap is
 launch / synchronisation overhead. `conv` times one causal 3×3×3 VAE conv at the decoder's real
 shapes in three formulations (3D conv; time folded into input channels then a 2D conv; a sum of three
-2D convs) — the winner is what `WanVAEConfig.conv_impl` should default to on GPU.
+2D convs) — the winner is what `WanVAEConfig.conv_impl` should default to on GPU. `stream` profiles
+one served streaming chunk (5B bf16 DiT + tiny autoencoder) per block, split by jitted program:
+
+    python bench/profile_ops.py --targets stream --clean-pass merged sequential --out bench/results/profile_stream_h200.json
 """
 
 from __future__ import annotations
@@ -50,18 +53,32 @@ def _category(name: str) -> str:
 def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
     """Profile `fn()` (already compiled) `iters` times; kernel time per call by category and op."""
     wall = time_ms(lambda: jax.block_until_ready(fn()), 2, max(iters, 5))
+
+    def run():
+        for _ in range(iters):
+            jax.block_until_ready(fn())
+
+    return dict(wall_ms=statistics.median(wall), **traced_breakdown(run, iters, top))
+
+
+def traced_breakdown(run, calls: int, top: int = 25) -> dict:
+    """Run `run()` under the profiler; kernel time per call (of `calls`) by category and op, and
+    per XLA module execution (`by_module`: which jitted program the time went to)."""
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
-            for _ in range(iters):
-                jax.block_until_ready(fn())
+            run()
         (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
         by_cat: dict[str, float] = collections.Counter()
         by_op: dict[str, float] = collections.Counter()
+        by_module: dict[str, float] = collections.Counter()
         count: dict[str, int] = collections.Counter()
         device_planes = [p for p in data.planes if p.name.startswith("/device:")]
         for plane in device_planes:
             for line in plane.lines:
+                if "xla modules" in line.name.lower():
+                    for ev in line.events:
+                        by_module[ev.name.split("(")[0]] += ev.duration_ns / 1e6 / calls
                 if "stream" not in line.name.lower():
                     continue  # GPU planes also carry summary lines ("XLA Ops", "Launch stats")
                 for ev in line.events:
@@ -69,7 +86,7 @@ def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
                     hlo = str(stats.get("hlo_op", ""))
                     # Inside command buffers hlo_op names the buffer: the kernel name says more.
                     op = ev.name if not hlo or hlo.startswith("command_buffer") else f"{hlo} [{ev.name}]"
-                    ms = ev.duration_ns / 1e6 / iters
+                    ms = ev.duration_ns / 1e6 / calls
                     by_cat[_category(ev.name)] += ms
                     by_op[f"{_category(ev.name)}:{op}"] += ms
                     count[f"{_category(ev.name)}:{op}"] += 1
@@ -80,15 +97,14 @@ def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
                         stats = dict(ev.stats)
                         if "hlo_op" in stats:
                             op = str(stats["hlo_op"])
-                            ms = ev.duration_ns / 1e6 / iters
+                            ms = ev.duration_ns / 1e6 / calls
                             by_cat[_category(op)] += ms
                             by_op[f"{_category(op)}:{op}"] += ms
                             count[f"{_category(op)}:{op}"] += 1
-    busy = sum(by_cat.values())
-    return dict(wall_ms=statistics.median(wall), busy_ms=busy,
-                kernels_per_call=sum(count.values()) / iters,
+    return dict(busy_ms=sum(by_cat.values()), kernels_per_call=sum(count.values()) / calls,
                 by_category={k: round(v, 3) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
-                top_ops=[dict(op=k, ms=round(v, 3), calls=count[k] // iters)
+                by_module={k: round(v, 3) for k, v in sorted(by_module.items(), key=lambda kv: -kv[1])},
+                top_ops=[dict(op=k, ms=round(v, 3), calls=count[k] // calls)
                          for k, v in by_op.most_common(top)])
 
 
@@ -96,6 +112,8 @@ def _print(name: str, res: dict) -> None:
     print(f"\n== {name}: wall {res['wall_ms']:.2f} ms, kernels {res['busy_ms']:.2f} ms "
           f"({res['kernels_per_call']:.0f} launches/call)")
     print("   by category: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_category"].items()))
+    if res.get("by_module"):
+        print("   by program: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_module"].items()))
     for row in res["top_ops"]:
         print(f"   {row['ms']:8.3f} ms  x{row['calls']:<4d} {row['op'][:110]}")
 
@@ -306,10 +324,60 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
     return out
 
 
+def target_stream(tiny: bool, clean_pass: str) -> dict:
+    """One streaming chunk as served (bf16, tiny autoencoder on both sides, `StreamingSession`'s
+    default steps; 7 blocks of render → encode → causal DiT step → decode, re-anchoring at its
+    start) after two warm-up chunks. Host-timed ms per block next to kernel ms per block: the gap is
+    launch, host work and synchronisation; `by_module` says which jitted program the kernels ran in."""
+    import dataclasses
+
+    import numpy as np
+
+    from rynn_jax.models.causal import CausalConfig
+    from rynn_jax.models.dit import WanDiTConfig, init_dit
+    from rynn_jax.models.tae import TAEConfig, init_tae
+    from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
+    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+
+    if tiny:
+        dit_cfg, tae_cfg, (h, w) = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4,
+                                                     control_channels=4), TAEConfig.tiny(), (64, 64)
+    else:
+        dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype="bfloat16", param_dtype="bfloat16")
+        tae_cfg, (h, w) = TAEConfig.wan22(dtype="bfloat16"), (480, 832)
+    tae = init_tae(tae_cfg, 0)
+    ccfg = CausalConfig()
+    scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=clean_pass == "merged")
+    session = StreamingSession(init_dit(dit_cfg, 0), tae, ccfg, scfg)  # the tiny autoencoder both ways
+    rcfg = RenderConfig(width=w, height=h)
+    k = default_intrinsics(rcfg)
+    joints, elbows = (jnp.asarray(a) for a in synthetic_hand_motion(4 * ccfg.frames_per_block, seed=0))
+    render = jax.jit(lambda j, e: render_video_unchecked(rcfg, j, e, k, jnp.ones(j.shape[:1] + (2, 22), bool)) * 2 - 1)
+    image = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (1, h, w, 3)), jnp.float32)
+    session.start(image, jnp.zeros((1, dit_cfg.text_len, dit_cfg.text_dim), jnp.float32), jax.random.key(0))
+
+    def block():  # the same poses every block: the cost does not depend on them
+        n = session.frames_needed
+        return session.step(render(joints[:n], elbows[:n])[None]).block_until_ready()
+
+    blocks = 21 // ccfg.frames_per_block  # one chunk
+    t0 = time.perf_counter()
+    for _ in range(2 * blocks):  # chunks 0 and 1 compile every program (step, re-anchor, both render lengths)
+        block()
+    warm_s = time.perf_counter() - t0
+    wall = time_ms(block, 0, blocks)
+    res = traced_breakdown(lambda: [block() for _ in range(blocks)], blocks)
+    res.update(wall_ms=statistics.mean(wall), wall_ms_per_block=[round(x, 3) for x in wall], warmup_s=warm_s,
+               blocks=blocks, clean_pass=clean_pass)
+    name = f"stream chunk {h}x{w}, clean pass {clean_pass} (per block)"
+    _print(name, res)
+    return {name: res}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--targets", nargs="+", default=["conv", "dit", "vae_decode", "vae_encode"],
-                   choices=["conv", "dit", "vae_decode", "vae_encode"])
+                   choices=["conv", "dit", "vae_decode", "vae_encode", "stream"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke check)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--frames", type=int, default=3, help="DiT latent frames (3 → 1170 tokens)")
@@ -320,6 +388,8 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true", help="dit: also profile the FP8 model (fp8.quantize_dit)")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
+    p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
+                   help="stream: profile these clean-pass variants")
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
 
@@ -337,6 +407,10 @@ def main() -> None:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
+    if "stream" in a.targets:
+        result["stream"] = {}
+        for variant in a.clean_pass:
+            result["stream"].update(target_stream(a.tiny, variant))
     write_json(a.out, result)
     print(f"\nwrote {a.out}")
 

@@ -85,7 +85,7 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     assert stream["fp8_dit"] and stream["checks"] and all(c["ok"] for c in stream["checks"])
     assert stream["fp8_activations"] == "static" and stream["ab"] == "merge"
     assert [r["variant"] for r in stream["results"]] == ["sequential clean pass", "merged clean pass"]
-    same = [c for c in stream["checks"] if "merged vs sequential" in c["check"]]
+    same = [c for c in stream["checks"] if "merged clean pass vs sequential clean pass" in c["check"]]
     assert len(same) == 1 and same[0]["value"] < 1e-3, same  # float32 on CPU: equal up to rounding
     calib = stream["fp8_calibration"]
     assert len(calib["calibration_timesteps"]) == 5 and calib["calibration_timesteps"][-1] == 0.0

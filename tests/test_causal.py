@@ -256,6 +256,48 @@ def test_merged_clean_pass_equals_sequential(model, policy):
             cache = written
 
 
+@pytest.mark.parametrize("policy", ["full", "rolling"])
+def test_in_place_working_cache_equals_forward_block(model, policy):
+    """The serving path (per-layer blocks): one rotated working copy of the cache per block, which
+    each pass overwrites at the block's slots, == `forward_block` copying the cache every pass:
+    two denoising passes then the clean pass per block, over enough blocks for the rolling ring to
+    wrap, padded and not; and the in-place merged pass (policy "full") == the sequential passes."""
+    from rynn_jax.models.dit import unrolled
+
+    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3, policy=policy)
+    rng = np.random.default_rng(12)
+    for m in (model, _padded(model, 16)):
+        served = unrolled(m)
+        assert causal.has_working_path(served) and not causal.has_working_path(m)
+        ctx = jnp.asarray(rng.standard_normal((2, CFG.text_len, CFG.text_dim)), jnp.float32)
+        cache = causal.init_cache(m, ccfg, ctx, LATENT_HW)
+        for _ in range(4 if policy == "rolling" else 2):
+            work = causal.working_kv(served, cache, ccfg, cache["frames"], (2, 2, *LATENT_HW, 8))
+            c = _latents(rng, 2, 2)
+            for t in (937.0, 624.0):
+                z = _latents(rng, 2, 2)
+                v_ref, _ = causal.forward_block(m, cache, ccfg, z, jnp.full((2, 2), t), c, write=False)
+                v, same, work = causal.forward_block_in_place(served, cache, work, ccfg, z, jnp.full((2, 2), t), c,
+                                                              write=False)
+                assert same is cache and rel_err(v, v_ref) < 1e-5
+            clean = _latents(rng, 2, 2)
+            _, want = causal.forward_block(m, cache, ccfg, clean, jnp.zeros((2, 2)), c, write=True)
+            _, got, _ = causal.forward_block_in_place(served, cache, work, ccfg, clean, jnp.zeros((2, 2)), c, write=True)
+            for name in ("k_lbsnh", "v_lbsnh", "frames"):
+                assert rel_err(got[name], want[name]) < 1e-5, name
+            if policy == "full" and int(want["frames"]) + 2 <= ccfg.cache_frames:
+                z, c2 = _latents(rng, 2, 2), _latents(rng, 2, 2)
+                t = jnp.asarray([[937.0, 937.0], [624.0, 624.0]])
+                v_seq, _ = causal.forward_block(m, want, ccfg, z, t, c2, write=False)
+                work = causal.working_kv(served, cache, ccfg, want["frames"], (2, 2, *LATENT_HW, 8))
+                v, merged, _ = causal.forward_block_after_clean_in_place(served, cache, work, ccfg, clean, c, z, t, c2)
+                assert rel_err(v, v_seq) < 1e-5 and rel_err(merged["k_lbsnh"], want["k_lbsnh"]) < 1e-5
+            cache = want
+    with pytest.raises(ValueError, match="full cache policy"):
+        rolling = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
+        causal.forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
+
+
 def test_streaming_session_with_merged_clean_pass_matches(model):
     """StepConfig(merge_clean_pass=True): the session gives the same frames as the sequential one
     across re-anchoring, with one executable per kind of block."""
@@ -269,14 +311,16 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     ctx = rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32)
     skeletons = [rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32) for n in (5, 8, 4, 8, 4)]
     frames = {}
-    for merge in (False, True):
+    # Stacked layers: forward_block's per-pass cache copies; unrolled (served): the in-place working cache.
+    for merge, unroll in ((False, False), (False, True), (True, True)):
         session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3, merge_clean_pass=merge),
-                                             chunk_frames=4)
+                                             chunk_frames=4, unroll_layers=unroll)
         session.start(image, ctx, jax.random.key(0))
-        frames[merge] = [np.asarray(session.step(s)) for s in skeletons]
+        frames[merge, unroll] = [np.asarray(session.step(s)) for s in skeletons]
     assert session._step_first._cache_size() == 1 and session._step_after._cache_size() == 1
-    for a, b in zip(frames[False], frames[True]):
-        assert a.shape == b.shape and rel_err(b, a) < 1e-4
+    for variant in ((False, True), (True, True)):
+        for a, b in zip(frames[False, False], frames[variant]):
+            assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant
     with pytest.raises(ValueError, match="x0_euler"):
         streaming.StepConfig(solver="unipc", merge_clean_pass=True)
 

@@ -31,6 +31,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rynn_jax.models import rope
 from rynn_jax.models.dit import WanAttention, WanBlock, WanDiT, pad_tokens, token_grid
@@ -275,6 +276,121 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     x_bld, clean_kv = model.scan_blocks(layer, x_bld, xs)
     v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
     return v_bfhwc, _write_block(cache, clean_kv, start_c, tokens)
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving: one rotated working copy of the cache per block, written in place by its passes
+# --------------------------------------------------------------------------------------------------
+#
+# `forward_block` builds every layer's "cache with the block written, rotated" afresh in every pass:
+# two copies of the whole cache per layer (2 × 50 MB at 480×832 for the 5B model; on an H200 30 ms
+# of a 148 ms served block went to these copies). All passes of one block share the slots' RoPE
+# positions (they depend on the block's newest frame only), so `working_kv` makes one rotated copy
+# per layer and block, each pass writes its own K/V into it in place (a loop carry) and cuDNN
+# attends to it directly. Per-layer buffers, not one stacked array: a layer slice of a stacked
+# array handed to cuDNN is a copy again. Same numbers as `forward_block` (the same roundings).
+
+Work = tuple[list[jax.Array], list[jax.Array]]  # per layer: K rotated to its slot's position, V; (B, S, N, H)
+
+
+def has_working_path(model: WanDiT) -> bool:
+    """Per-layer blocks (`dit.unrolled`, the serving layout): the layer loop is Python, so each layer
+    can own its working buffers."""
+    return isinstance(model.blocks, nnx.List)
+
+
+def working_kv(model: WanDiT, cache: KVCache, ccfg: CausalConfig, first_frame: jax.Array,
+               block_shape: tuple[int, ...]) -> Work:
+    """Per-layer copies of the cache for a block of latents shaped `block_shape` (B, F, H, W, C)
+    starting at chunk frame `first_frame`: K rotated to the positions its passes use
+    (`_placement`), V as cached."""
+    grid = token_grid(block_shape, model.cfg)
+    a_last = first_frame + grid[0] - 1
+    k_rope = frames_rope(slot_positions(a_last, ccfg.window_frames), grid[1:], model)
+    layers = cache["k_lbsnh"].shape[0]
+    return ([rope.apply_rope(cache["k_lbsnh"][i], *k_rope) for i in range(layers)],
+            [cache["v_lbsnh"][i] for i in range(layers)])
+
+
+def _layers_in_place(model: WanDiT, cache: KVCache, work: Work, x_bld: jax.Array, x_rope, tproj_bf6d: jax.Array,
+                     frames: int, pad: int, tokens: int, groups) -> tuple[jax.Array, Work, tuple[jax.Array, jax.Array]]:
+    """The layers over `work`. `groups`: per query group (query slice, its own keys' token slice,
+    their slots' first tokens, their RoPE, key length). Every group's K/V are written first, then
+    every group attends to the same buffers, so a later group's keys must lie past an earlier
+    group's key length. → (x, work, pre-RoPE K/V of the first group stacked over layers)."""
+    ks, vs = list(work[0]), list(work[1])
+    new_k, new_v = [], []
+    for i, block in enumerate(model.blocks):
+        def self_attention(attn: WanAttention, h_bld: jax.Array):
+            q_blnh, k_new, v_new = attn.self_qkv(h_bld, x_rope, None)  # K pre-RoPE, as cached
+            for _, k_span, start_f, k_rope, _ in groups:
+                ks[i] = _put_frames(ks[i], rope.apply_rope(k_new[:, k_span], *k_rope), start_f, tokens)
+                vs[i] = _put_frames(vs[i], v_new[:, k_span], start_f, tokens)
+            k_all, v_all = (constrain(a, _CACHE_NAMES[1:]) for a in (ks[i], vs[i]))
+            outs = [attn.attention(q_blnh[:, q_span], k_all, v_all, kv_len_b=kv_len) for q_span, *_, kv_len in groups]
+            k_span = groups[0][1]
+            return attn.o(outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)), (k_new[:, k_span],
+                                                                                           v_new[:, k_span])
+
+        cross_kv = (cache["text_k_lbsnh"][i], cache["text_v_lbsnh"][i])
+        x_bld, (k_i, v_i) = block.forward(x_bld, None, tproj_bf6d, frames, self_attention=self_attention,
+                                          cross_kv=cross_kv, pad=pad)
+        new_k.append(k_i)
+        new_v.append(v_i)
+    return x_bld, (ks, vs), (jnp.stack(new_k), jnp.stack(new_v))
+
+
+def forward_block_in_place(model: WanDiT, cache: KVCache, work: Work, ccfg: CausalConfig, z_bfhwc: jax.Array,
+                           t_bf: jax.Array, control_bfhwc: jax.Array | None = None, *, write: bool
+                           ) -> tuple[jax.Array, KVCache, Work]:
+    """`forward_block` over the block's `working_kv` (per-layer blocks only): → (velocity, cache
+    — with the block written when `write` —, work with the block's K/V written)."""
+    cfg = model.cfg
+    grid = token_grid(z_bfhwc.shape, cfg)
+    f, tokens = grid[0], grid[1] * grid[2]
+    b = z_bfhwc.shape[0]
+    _check_fits(cache, ccfg, f, tokens)
+    x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
+    temb_bfd, tproj_bf6d = model.embed_time(t_bf)
+    start_f, q_rope, _, kv_len_b = _placement(model, cache["frames"], f, ccfg.window_frames, grid[1:], b)
+    x_bld, x_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    groups = [(slice(None), slice(0, f * tokens), start_f, q_rope, kv_len_b)]
+    x_bld, work, new_kv = _layers_in_place(model, cache, work, x_bld, x_rope, tproj_bf6d, f, pad, tokens, groups)
+    v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)
+    return v_bfhwc, (_write_block(cache, new_kv, start_f, tokens) if write else cache), work
+
+
+def forward_block_after_clean_in_place(model: WanDiT, cache: KVCache, work: Work, ccfg: CausalConfig,
+                                       clean_bfhwc: jax.Array, clean_control_bfhwc: jax.Array | None,
+                                       z_bfhwc: jax.Array, t_bf: jax.Array, control_bfhwc: jax.Array | None = None
+                                       ) -> tuple[jax.Array, KVCache, Work]:
+    """`forward_block_after_clean` over the next block's `working_kv` (made before the clean block
+    is written). Policy "full" only: the next block's slots then lie past the clean block's key
+    length (a rolling ring may put them over frames the clean block still sees)."""
+    if ccfg.policy != "full":
+        raise ValueError("the in-place merged pass needs the full cache policy")
+    cfg = model.cfg
+    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
+    if grid_c[1:] != grid[1:]:
+        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
+    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
+    b = z_bfhwc.shape[0]
+    _check_fits(cache, ccfg, max(fc, f), tokens)
+    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
+                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
+    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
+    temb_bfd, tproj_bf6d = model.embed_time(t_all)
+    start_c, q_rope_c, _, kv_len_c = _placement(model, cache["frames"], fc, ccfg.window_frames, grid[1:], b)
+    start_n, q_rope_n, _, kv_len_n = _placement(model, cache["frames"] + fc, f, ccfg.window_frames, grid[1:], b)
+    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(q_rope_c, q_rope_n))
+    x_bld, x_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    lc = fc * tokens
+    groups = [(slice(0, lc), slice(0, lc), start_c, q_rope_c, kv_len_c),
+              (slice(lc, None), slice(lc, lc + f * tokens), start_n, q_rope_n, kv_len_n)]
+    x_bld, work, clean_kv = _layers_in_place(model, cache, work, x_bld, x_rope, tproj_bf6d, fc + f, pad, tokens,
+                                             groups)
+    v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
+    return v_bfhwc, _write_block(cache, clean_kv, start_c, tokens), work
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from rynn_jax.data import shards as shards_lib
 from rynn_jax.models.dit import WanDiTConfig
 
 
@@ -31,6 +30,9 @@ def read_clips(latent_dir: str, limit: int) -> list[dict[str, np.ndarray]]:
     """The first `limit` records of the finished shards in `latent_dir`, in shard order. A shard
     that cannot be read is an error naming it (calibrating on fewer clips than asked, silently,
     would change the scales)."""
+    # Imported here: rynn_jax.data pulls in the video decoder (PyAV), which serving hosts may lack.
+    from rynn_jax.data import shards as shards_lib
+
     paths = shards_lib.list_shards(latent_dir)
     if not paths:
         raise ValueError(f"{latent_dir}: no latent shards (*-of-*{shards_lib.SHARD_SUFFIX}; "

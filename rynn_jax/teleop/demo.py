@@ -190,7 +190,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         raise ValueError(f"the tiny VAE + DiT need height and width in multiples of 32, got {height}×{width}")
     from rynn_jax.models import causal
     from rynn_jax.sim import episode as sim_episode
-    from rynn_jax.teleop.streaming import StepConfig, StreamingSession
+    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
 
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -209,7 +209,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         # (the tiny random model's short rollout is dominated by compile time).
         sess = StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
                                                                           policy="rolling"),
-                                StepConfig(num_steps=4), chunk_frames=None, unroll_layers=dit is not None,
+                                SERVING_STEPS, chunk_frames=None, unroll_layers=dit is not None,
                                 decoder=decoder)
         context = empty_context(dit_model.cfg.text_len, dit_model.cfg.text_dim)[None]
         sess.start(np.zeros((1, height, width, 3), np.float32), context, jax.random.key(seed))

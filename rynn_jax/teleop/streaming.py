@@ -49,11 +49,20 @@ class StepConfig:
     solver: Literal["x0_euler", "unipc"] = "x0_euler"
     # StreamingSession only: run a block's clean cache-writing pass together with the next block's
     # first denoising pass, as one forward over both blocks (`make_deferred_step`); same results.
+    # Off here (the latent-level step and export run the passes in turn); on in SERVING_STEPS.
     merge_clean_pass: bool = False
+    # Per-layer (unrolled, served) DiTs: a block's passes share one rotated working copy of the cache,
+    # written in place (causal.working_kv); False: every pass copies the cache (forward_block). Same results.
+    working_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.merge_clean_pass and self.solver != "x0_euler":
             raise ValueError("merge_clean_pass needs the x0_euler solver (its first step is run separately)")
+
+
+# What StreamingSession serves with unless told otherwise: the merged clean pass (same frames; on one
+# H200 at 480×832, 73.2 → 74.8 FPS bf16 and 83.7 → 87.6 FPS FP8, docs/PERFORMANCE.md).
+SERVING_STEPS = StepConfig(merge_clean_pass=True)
 
 
 def step_schedule(scfg: StepConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +101,21 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
         cache = state["cache"]
         b, f = control_bfhwc.shape[:2]
         rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, cache["frames"])
+        t_clean = jnp.zeros((b, f), jnp.float32)
+
+        if scfg.working_cache and causal.has_working_path(model) and scfg.solver == "x0_euler":
+            def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work: causal.Work):
+                t_bf = jnp.where(pin_f[None], 0.0, t_bf)
+                v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf,
+                                                           control_bfhwc, write=False)
+                return v, work
+
+            work = causal.working_kv(model, cache, ccfg, cache["frames"], control_bfhwc.shape)
+            x0, work = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1, carry=work)
+            x0 = pin(x0)
+            _, cache, _ = causal.forward_block_in_place(model, cache, work, ccfg, x0, t_clean, control_bfhwc,
+                                                        write=True)
+            return x0, {**state, "cache": cache}
 
         def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
             t_bf = jnp.where(pin_f[None], 0.0, t_bf)
@@ -100,11 +124,10 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
         if scfg.solver == "unipc":
             x0 = samplers.sample_unipc(velocity, noise, num_steps=scfg.num_steps, shift=scfg.shift)
         else:
-            x0 = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1)
+            x0, _ = _x0_euler(lambda x, t, c: (velocity(x, t), c), noise, rng, timesteps_n, sigmas_n1)
         x0 = pin(x0)
         # The clean pass: K/V of the finished block at t = 0 become context for later blocks.
-        _, cache = causal.forward_block(model, cache, ccfg, x0, jnp.zeros((b, f), jnp.float32),
-                                        control_bfhwc, write=True)
+        _, cache = causal.forward_block(model, cache, ccfg, x0, t_clean, control_bfhwc, write=True)
         return x0, {**state, "cache": cache}
 
     return step
@@ -132,21 +155,38 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
         first_frame = cache["frames"] + (clean_x0_bfhwc.shape[1] if after_clean else 0)
         rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, first_frame)
         t_of = lambda t: jnp.where(pin_f[None], 0.0, jnp.full((b, f), t, jnp.float32))  # noqa: E731
+        # Serving (per-layer blocks): one working copy of the cache for the block's passes, made
+        # before the clean block is written where the merged pass can use it (policy "full").
+        in_place = scfg.working_cache and causal.has_working_path(model)
+        work_first = in_place and (not after_clean or ccfg.policy == "full")
+        if work_first:
+            work = causal.working_kv(model, cache, ccfg, first_frame, control_bfhwc.shape)
 
         if after_clean:  # step 0 together with the previous block's clean pass, then the rest
-            v, cache = causal.forward_block_after_clean(model, cache, ccfg, clean_x0_bfhwc, clean_control_bfhwc,
-                                                        pin(noise), t_of(timesteps_n[0]), control_bfhwc)
+            if work_first:
+                v, cache, work = causal.forward_block_after_clean_in_place(
+                    model, cache, work, ccfg, clean_x0_bfhwc, clean_control_bfhwc, pin(noise),
+                    t_of(timesteps_n[0]), control_bfhwc)
+            else:
+                v, cache = causal.forward_block_after_clean(model, cache, ccfg, clean_x0_bfhwc, clean_control_bfhwc,
+                                                            pin(noise), t_of(timesteps_n[0]), control_bfhwc)
             x = _x0_euler_update(noise, v, rng, 0, np.float32(sigmas_n1[0]), np.float32(sigmas_n1[1]))
             first = 1
         else:
             x, first = noise, 0
+        if in_place and not work_first:
+            work = causal.working_kv(model, cache, ccfg, first_frame, control_bfhwc.shape)
 
-        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
+        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work):
             t_bf = jnp.where(pin_f[None], 0.0, t_bf)
-            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0]
+            if in_place:
+                v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf,
+                                                           control_bfhwc, write=False)
+                return v, work
+            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0], work
 
-        x0 = pin(_x0_euler(velocity, x, rng, timesteps_n, sigmas_n1, first=first))
-        return x0, {**state, "cache": cache}
+        x0, _ = _x0_euler(velocity, x, rng, timesteps_n, sigmas_n1, first=first, carry=work if in_place else None)
+        return pin(x0), {**state, "cache": cache}
 
     return step
 
@@ -171,20 +211,21 @@ def _x0_euler_update(x: jax.Array, v: jax.Array, rng: jax.Array, i, sigma, sigma
 
 
 def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n: np.ndarray,
-              sigmas_n1: np.ndarray, first: int = 0) -> jax.Array:
+              sigmas_n1: np.ndarray, first: int = 0, carry: Any = None) -> tuple[jax.Array, Any]:
     """x0 = x − σ_i v; x ← (1 − σ_{i+1}) x0 + σ_{i+1} ε_i with fresh ε_i (the last σ is 0), for the
-    steps i ≥ `first` starting from `noise` (the state after step first − 1)."""
+    steps i ≥ `first` starting from `noise` (the state after step first − 1). `velocity(x, t,
+    carry) -> (v, carry)` threads `carry` (the working K/V) through the steps. → (x0, carry)."""
     b = noise.shape[0]
     steps = (np.arange(len(timesteps_n))[first:], timesteps_n[first:], sigmas_n1[first:-1].astype(np.float32),
              sigmas_n1[first + 1:].astype(np.float32))
 
-    def body(x, s):
-        i, t, sigma, sigma_next = s
-        v = velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32))
-        return _x0_euler_update(x, v, rng, i, sigma, sigma_next), None
+    def body(xc, s):
+        (x, c), (i, t, sigma, sigma_next) = xc, s
+        v, c = velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32), c)
+        return (_x0_euler_update(x, v, rng, i, sigma, sigma_next), c), None
 
     # Re-noising the final x0 with σ = 0 is the identity: the carry after the loop is x0.
-    return jax.lax.scan(body, noise, steps)[0]
+    return jax.lax.scan(body, (noise, carry), steps)[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,9 +432,9 @@ class StreamingSession:
     `chunk_frames=None` (rolling cache only) never re-anchors. `unroll_layers`: serve the DiT's
     layers unrolled (`dit.unrolled`; faster, longer compile).
 
-    `scfg.merge_clean_pass`: each block's clean cache pass runs in one forward with the next
-    block's first denoising pass (`make_deferred_step`; same frames, one executable for a chunk's
-    first block and one for the rest).
+    `scfg.merge_clean_pass` (on in the default `SERVING_STEPS`): each block's clean cache pass runs
+    in one forward with the next block's first denoising pass (`make_deferred_step`; same frames,
+    one executable for a chunk's first block and one for the rest).
 
     `vae` encodes (the skeleton frames, the references) and decodes; `decoder` / `encoder`, when
     given, replace it on that side, e.g. the tiny autoencoder `models.tae` (same latent space,
@@ -401,7 +442,7 @@ class StreamingSession:
     """
 
     def __init__(self, dit: WanDiT, vae: WanVAE, ccfg: causal.CausalConfig = causal.CausalConfig(),
-                 scfg: StepConfig = StepConfig(), *, chunk_frames: int | None = 21,
+                 scfg: StepConfig = SERVING_STEPS, *, chunk_frames: int | None = 21,
                  unroll_layers: bool = True, decoder: WanVAE | TinyAutoencoder | None = None,
                  encoder: WanVAE | TinyAutoencoder | None = None):
         fpb = ccfg.frames_per_block
