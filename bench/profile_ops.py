@@ -9,7 +9,7 @@ other). `busy_ms` is the summed kernel time per call, `wall_ms` the host-timed m
 launch / synchronisation overhead. `conv` times one causal 3×3×3 VAE conv at the decoder's real
 shapes in three formulations (3D conv; time folded into input channels then a 2D conv; a sum of three
 2D convs) — the winner is what `WanVAEConfig.conv_impl` should default to on GPU. `stream` profiles
-one served streaming chunk (5B bf16 DiT + tiny autoencoder) per block, split by jitted program:
+one served streaming chunk (5B bf16 DiT + tiny autoencoder), per block:
 
     python bench/profile_ops.py --targets stream --clean-pass merged sequential --out bench/results/profile_stream_h200.json
 """
@@ -62,8 +62,7 @@ def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
 
 
 def traced_breakdown(run, calls: int, top: int = 25) -> dict:
-    """Run `run()` under the profiler; kernel time per call (of `calls`) by category and op, and
-    per XLA module execution (`by_module`: which jitted program the time went to)."""
+    """Run `run()` under the profiler; kernel time per call (of `calls`) by category and op."""
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             run()
@@ -71,14 +70,10 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
         data = jax.profiler.ProfileData.from_file(path)
         by_cat: dict[str, float] = collections.Counter()
         by_op: dict[str, float] = collections.Counter()
-        by_module: dict[str, float] = collections.Counter()
         count: dict[str, int] = collections.Counter()
         device_planes = [p for p in data.planes if p.name.startswith("/device:")]
         for plane in device_planes:
             for line in plane.lines:
-                if "xla modules" in line.name.lower():
-                    for ev in line.events:
-                        by_module[ev.name.split("(")[0]] += ev.duration_ns / 1e6 / calls
                 if "stream" not in line.name.lower():
                     continue  # GPU planes also carry summary lines ("XLA Ops", "Launch stats")
                 for ev in line.events:
@@ -103,7 +98,6 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
                             count[f"{_category(op)}:{op}"] += 1
     return dict(busy_ms=sum(by_cat.values()), kernels_per_call=sum(count.values()) / calls,
                 by_category={k: round(v, 3) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
-                by_module={k: round(v, 3) for k, v in sorted(by_module.items(), key=lambda kv: -kv[1])},
                 top_ops=[dict(op=k, ms=round(v, 3), calls=count[k] // calls)
                          for k, v in by_op.most_common(top)])
 
@@ -112,8 +106,6 @@ def _print(name: str, res: dict) -> None:
     print(f"\n== {name}: wall {res['wall_ms']:.2f} ms, kernels {res['busy_ms']:.2f} ms "
           f"({res['kernels_per_call']:.0f} launches/call)")
     print("   by category: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_category"].items()))
-    if res.get("by_module"):
-        print("   by program: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_module"].items()))
     for row in res["top_ops"]:
         print(f"   {row['ms']:8.3f} ms  x{row['calls']:<4d} {row['op'][:110]}")
 
@@ -328,7 +320,7 @@ def target_stream(tiny: bool, clean_pass: str) -> dict:
     """One streaming chunk as served (bf16, tiny autoencoder on both sides, `StreamingSession`'s
     default steps; 7 blocks of render → encode → causal DiT step → decode, re-anchoring at its
     start) after two warm-up chunks. Host-timed ms per block next to kernel ms per block: the gap is
-    launch, host work and synchronisation; `by_module` says which jitted program the kernels ran in."""
+    launch, host work and synchronisation."""
     import dataclasses
 
     import numpy as np

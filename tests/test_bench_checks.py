@@ -41,9 +41,9 @@ def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
 def test_profile_ops_fp8_probes(tmp_path):
     """profile_ops --fp8-conv: the e4m3 conv variants run and land within FP8 rounding of the float32
     conv (per-tensor scales: 3 mantissa bits, so a few percent rel L2 — not zero, not large); --fp8
-    profiles the quantized DiT next to the float one."""
+    profiles the quantized DiT next to the float one; the stream target times one chunk per block."""
     out = tmp_path / "conv.json"
-    cmd = [sys.executable, "bench/profile_ops.py", "--targets", "conv", "dit", "--tiny", "--fp8-conv", "--fp8",
+    cmd = [sys.executable, "bench/profile_ops.py", "--targets", "conv", "dit", "stream", "--tiny", "--fp8-conv", "--fp8",
            "--unroll", "2", "--iters", "1", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -54,6 +54,9 @@ def test_profile_ops_fp8_probes(tmp_path):
         assert 5e-3 < r["rel_l2_vs_f32"] < 6e-2 and r["ms"] > 0, r
         assert r["cudnn_fp8_graph"] is False, r  # CPU: no cuDNN
     # --fp8 on the DiT target: the quantized model's profile next to the float one, outputs close
+    (stream,) = json.loads(out.read_text())["stream"].values()
+    assert stream["clean_pass"] == "merged" and stream["blocks"] == len(stream["wall_ms_per_block"]) == 7
+    assert stream["busy_ms"] > 0 and abs(stream["wall_ms"] * 7 - sum(stream["wall_ms_per_block"])) < 0.01
     dit = json.loads(out.read_text())["dit"]
     q = dit["dit 18 tokens, scan_unroll=2, fp8"]
     assert q["busy_ms"] > 0 and 1e-3 < q["rel_l2_vs_float"] < 1e-1, q

@@ -11,11 +11,13 @@ Cache layout, per layer, in frame slots of `tokens_per_frame` tokens each:
     slots 1 .. W   a ring of the last W frames: chunk frame a ≥ 1 lives in slot 1 + (a − 1) mod W
 A block's K/V go into the slots it will occupy (evicting the oldest frames once the ring is full)
 and its queries attend to all valid slots, itself included. The denoising passes write a per-layer
-copy that is thrown away; only the clean (t = 0) pass writes the cache (`write=True`). Valid slots
+copy that is thrown away (serving: one working copy per block, `working_kv`); only the clean
+(t = 0) pass writes the cache (`write=True`). Valid slots
 are always a prefix, so the mask is a key length — cuDNN's padding mask, not a dense mask.
 
 Positions. K is cached *before* RoPE, and every pass rotates the whole cache at the slots' current
-time positions (fused into the copy the layer's attention reads anyway). Positions are relative to
+time positions (fused into the copy the layer's attention reads anyway; the serving path rotates
+once per block, as all passes of a block share the positions). Positions are relative to
 the window: with a_last the newest frame of the current block and base = max(0, a_last − W), frame
 a sits at a − base and the sink at 0. Within a 21-frame chunk with W = 20 (the released setting,
 policy "full") base is 0 and positions are absolute. In an unbounded "rolling" session RoPE being
@@ -220,6 +222,29 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     return v_bfhwc, (_write_block(cache, new_kv, start_f, tokens) if write else cache)
 
 
+def _two_blocks(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
+                clean_control_bfhwc: jax.Array | None, z_bfhwc: jax.Array, t_bf: jax.Array,
+                control_bfhwc: jax.Array | None):
+    """The merged pass's inputs: both blocks' tokens (padded) and their RoPE, time embeddings, the
+    next block's token grid, the clean block's frame count and both blocks' `_placement`."""
+    cfg = model.cfg
+    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
+    if grid_c[1:] != grid[1:]:
+        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
+    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
+    b = z_bfhwc.shape[0]
+    _check_fits(cache, ccfg, max(fc, f), tokens)
+    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
+                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
+    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
+    temb_bfd, tproj_bf6d = model.embed_time(t_all)
+    place_c = _placement(model, cache["frames"], fc, ccfg.window_frames, grid[1:], b)
+    place_n = _placement(model, cache["frames"] + fc, f, ccfg.window_frames, grid[1:], b)
+    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(place_c[1], place_n[1]))
+    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    return x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n
+
+
 def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
                               clean_control_bfhwc: jax.Array | None, z_bfhwc: jax.Array, t_bf: jax.Array,
                               control_bfhwc: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
@@ -234,23 +259,10 @@ def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig,
     (GEMMs twice as tall: the 1170-token passes are overhead-bound); self-attention runs as the two
     passes would, the clean block over the cache with itself written, the next block over that
     cache with itself added (two key ranges, two positions bases when the ring rolls)."""
-    cfg = model.cfg
-    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
-    if grid_c[1:] != grid[1:]:
-        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
-    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
-    b = z_bfhwc.shape[0]
-    window = ccfg.window_frames
-    _check_fits(cache, ccfg, max(fc, f), tokens)
-    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
-                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
-    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
-    temb_bfd, tproj_bf6d = model.embed_time(t_all)
-
-    start_c, q_rope_c, k_rope_c, kv_len_c = _placement(model, cache["frames"], fc, window, grid[1:], b)
-    start_n, q_rope_n, k_rope_n, kv_len_n = _placement(model, cache["frames"] + fc, f, window, grid[1:], b)
-    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(q_rope_c, q_rope_n))
-    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n = _two_blocks(
+        model, cache, ccfg, clean_bfhwc, clean_control_bfhwc, z_bfhwc, t_bf, control_bfhwc)
+    (start_c, _, k_rope_c, kv_len_c), (start_n, _, k_rope_n, kv_len_n) = place_c, place_n
+    f, tokens = grid[0], grid[1] * grid[2]
     lc = fc * tokens
 
     def layer(block: WanBlock, x_bld: jax.Array, xs):
@@ -369,21 +381,10 @@ def forward_block_after_clean_in_place(model: WanDiT, cache: KVCache, work: Work
     length (a rolling ring may put them over frames the clean block still sees)."""
     if ccfg.policy != "full":
         raise ValueError("the in-place merged pass needs the full cache policy")
-    cfg = model.cfg
-    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
-    if grid_c[1:] != grid[1:]:
-        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
-    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
-    b = z_bfhwc.shape[0]
-    _check_fits(cache, ccfg, max(fc, f), tokens)
-    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
-                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
-    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
-    temb_bfd, tproj_bf6d = model.embed_time(t_all)
-    start_c, q_rope_c, _, kv_len_c = _placement(model, cache["frames"], fc, ccfg.window_frames, grid[1:], b)
-    start_n, q_rope_n, _, kv_len_n = _placement(model, cache["frames"] + fc, f, ccfg.window_frames, grid[1:], b)
-    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(q_rope_c, q_rope_n))
-    x_bld, x_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
+    x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n = _two_blocks(
+        model, cache, ccfg, clean_bfhwc, clean_control_bfhwc, z_bfhwc, t_bf, control_bfhwc)
+    (start_c, q_rope_c, _, kv_len_c), (start_n, q_rope_n, _, kv_len_n) = place_c, place_n
+    f, tokens = grid[0], grid[1] * grid[2]
     lc = fc * tokens
     groups = [(slice(0, lc), slice(0, lc), start_c, q_rope_c, kv_len_c),
               (slice(lc, None), slice(lc, lc + f * tokens), start_n, q_rope_n, kv_len_n)]

@@ -51,7 +51,7 @@ class StepConfig:
     # first denoising pass, as one forward over both blocks (`make_deferred_step`); same results.
     # Off here (the latent-level step and export run the passes in turn); on in SERVING_STEPS.
     merge_clean_pass: bool = False
-    # Per-layer (unrolled, served) DiTs: a block's passes share one rotated working copy of the cache,
+    # Per-layer (unrolled, served) DiTs, x0_euler: a block's passes share one rotated working copy of the cache,
     # written in place (causal.working_kv); False: every pass copies the cache (forward_block). Same results.
     working_cache: bool = True
 
