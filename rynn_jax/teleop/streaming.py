@@ -20,6 +20,7 @@ clock), each with its own reference, text, control and noise.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
@@ -474,6 +475,7 @@ class StreamingSession:
             self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
                                  compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(enc), donate_argnums=1)
+        self._after_compiled: dict[Any, concurrent.futures.Future] = {}  # session shapes → compiled _step_after
         self.state: State | None = None
 
     def start(self, image_bhw3: jax.Array, ctx_bsk: jax.Array, rng: jax.Array) -> None:
@@ -485,6 +487,29 @@ class StreamingSession:
         self._next_reference = None
         self.image_shape = tuple(image_bhw3.shape)
         self._last_skeleton = None
+        if self.merge_clean_pass:
+            self._compile_after_ahead()
+
+    def _compile_after_ahead(self) -> None:
+        """Lower the later blocks' executable (`_step_after`) for this session's shapes now and
+        compile it on a worker thread while the first block compiles and runs. Compiled on first
+        use instead, it would stall the session's second block for the whole compile (29–45 s at
+        480×832 on an H200). One compile per session shape, reused by later `start`s."""
+        b, h, w, _ = self.image_shape
+        skel = jax.ShapeDtypeStruct((b, 4 * self.ccfg.frames_per_block, h, w, 3), jnp.float32)
+        key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), self.rng)
+        shape_key = (skel.shape, key.shape, jax.tree.structure(self.state),
+                     tuple((a.shape, a.dtype) for a in jax.tree.leaves(self.state)))
+        if shape_key in self._after_compiled:
+            return
+        none = jax.ShapeDtypeStruct((), jnp.float32)
+        _, state, clean = jax.eval_shape(self._step_first, self.dit_params, self.codec_params, self.state, skel, key,
+                                         none, none)
+        lowered = self._step_after.lower(self.dit_params, self.codec_params, state, skel, key, *clean)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rynn-compile")
+        self._after_compiled[shape_key] = pool.submit(lowered.compile)  # XLA compiles outside the GIL
+        pool.shutdown(wait=False)
+        self._after_key = shape_key
 
     @property
     def frames_needed(self) -> int:
@@ -521,9 +546,10 @@ class StreamingSession:
             placeholder = jnp.zeros((), jnp.float32)
             rgb, self.state, self._clean = self._step_first(self.dit_params, self.codec_params, self.state, skel,
                                                             key, placeholder, placeholder)
-        else:
-            rgb, self.state, self._clean = self._step_after(self.dit_params, self.codec_params, self.state, skel,
-                                                            key, *self._clean)
+        else:  # the executable compiled ahead (errors of that compile surface here)
+            step_after = self._after_compiled[self._after_key].result()
+            rgb, self.state, self._clean = step_after(self.dit_params, self.codec_params, self.state, skel,
+                                                      key, *self._clean)
         self._last_skeleton = skel[:, -1:]
         self.blocks += 1
         self.chunk_pos += f
