@@ -324,6 +324,14 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
     assert len(session._after_compiled) == 1 and session._step_after._cache_size() == 0
     np.testing.assert_array_equal(again[1], frames[True, True][1])
+    # Another shape (batch 2) gets its own executable; going back to batch 1 uses the first one again.
+    session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), jax.random.key(0))
+    pair = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
+    assert len(session._after_compiled) == 2 and pair[1].shape[0] == 2
+    session.start(image, ctx, jax.random.key(0))
+    again = [np.asarray(session.step(s)) for s in skeletons[:2]]
+    assert len(session._after_compiled) == 2
+    np.testing.assert_array_equal(again[1], frames[True, True][1])
     for variant in ((False, True), (True, True)):
         for a, b in zip(frames[False, False], frames[variant]):
             assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant

@@ -500,6 +500,7 @@ class StreamingSession:
         key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), self.rng)
         shape_key = (skel.shape, key.shape, jax.tree.structure(self.state),
                      tuple((a.shape, a.dtype) for a in jax.tree.leaves(self.state)))
+        self._after_key = shape_key  # the executable `step` uses, for this session's shapes
         if shape_key in self._after_compiled:
             return
         none = jax.ShapeDtypeStruct((), jnp.float32)
@@ -509,7 +510,6 @@ class StreamingSession:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rynn-compile")
         self._after_compiled[shape_key] = pool.submit(lowered.compile)  # XLA compiles outside the GIL
         pool.shutdown(wait=False)
-        self._after_key = shape_key
 
     @property
     def frames_needed(self) -> int:
