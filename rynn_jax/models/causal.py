@@ -182,24 +182,30 @@ def _write_block(cache: KVCache, new_kv: tuple[jax.Array, jax.Array], start_f: j
             "frames": cache["frames"] + start_f.shape[0]}
 
 
+def _one_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
+               control_bfhwc: jax.Array | None):
+    """A block pass's inputs: its tokens (padded) and their RoPE, time embeddings, token grid and
+    `_placement` (of which the query RoPE is unpadded). Tail pads (cfg.token_multiple) ride along
+    as queries only: the cache takes the first F·tokens K/V, and the key length ends at the real tokens."""
+    cfg = model.cfg
+    grid = token_grid(z_bfhwc.shape, cfg)
+    f, tokens = grid[0], grid[1] * grid[2]
+    _check_fits(cache, ccfg, f, tokens)
+    x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
+    temb_bfd, tproj_bf6d = model.embed_time(t_bf)
+    place = _placement(model, cache["frames"], f, ccfg.window_frames, grid[1:], z_bfhwc.shape[0])
+    x_bld, x_rope, pad = pad_tokens(x_bld, place[1], cfg.token_multiple)
+    return x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, place
+
+
 def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
                   control_bfhwc: jax.Array | None = None, *, write: bool) -> tuple[jax.Array, KVCache]:
     """Velocity (B, F, H, W, C) of the block that starts at chunk frame `cache["frames"]`, attending to
     the cache and itself. `write=True` stores the block's K/V and advances `frames` (the clean pass);
     otherwise the cache is returned unchanged."""
-    cfg = model.cfg
-    grid = token_grid(z_bfhwc.shape, cfg)
+    x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, (start_f, _, k_rope, kv_len_b) = _one_block(
+        model, cache, ccfg, z_bfhwc, t_bf, control_bfhwc)
     f, tokens = grid[0], grid[1] * grid[2]
-    b = z_bfhwc.shape[0]
-    window = ccfg.window_frames
-    _check_fits(cache, ccfg, f, tokens)
-    x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
-    temb_bfd, tproj_bf6d = model.embed_time(t_bf)
-
-    start_f, q_rope, k_rope, kv_len_b = _placement(model, cache["frames"], f, window, grid[1:], b)
-    # Tail pads (cfg.token_multiple) ride along as queries only: put_block caches the first f·tokens
-    # K/V, and the kv_len mask already ends at the real tokens.
-    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
     put_block = lambda c, n: _put_frames(c, n, start_f, tokens)  # noqa: E731
 
     def layer(block: WanBlock, x_bld: jax.Array, xs):
@@ -357,15 +363,9 @@ def forward_block_in_place(model: WanDiT, cache: KVCache, work: Work, ccfg: Caus
                            ) -> tuple[jax.Array, KVCache, Work]:
     """`forward_block` over the block's `working_kv` (per-layer blocks only): → (velocity, cache
     — with the block written when `write` —, work with the block's K/V written)."""
-    cfg = model.cfg
-    grid = token_grid(z_bfhwc.shape, cfg)
+    x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, (start_f, q_rope, _, kv_len_b) = _one_block(
+        model, cache, ccfg, z_bfhwc, t_bf, control_bfhwc)
     f, tokens = grid[0], grid[1] * grid[2]
-    b = z_bfhwc.shape[0]
-    _check_fits(cache, ccfg, f, tokens)
-    x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
-    temb_bfd, tproj_bf6d = model.embed_time(t_bf)
-    start_f, q_rope, _, kv_len_b = _placement(model, cache["frames"], f, ccfg.window_frames, grid[1:], b)
-    x_bld, x_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
     groups = [(slice(None), slice(0, f * tokens), start_f, q_rope, kv_len_b)]
     x_bld, work, new_kv = _layers_in_place(model, cache, work, x_bld, x_rope, tproj_bf6d, f, pad, tokens, groups)
     v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)

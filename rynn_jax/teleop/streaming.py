@@ -102,33 +102,24 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
         cache = state["cache"]
         b, f = control_bfhwc.shape[:2]
         rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, cache["frames"])
-        t_clean = jnp.zeros((b, f), jnp.float32)
-
-        if scfg.working_cache and causal.has_working_path(model) and scfg.solver == "x0_euler":
-            def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work: causal.Work):
-                t_bf = jnp.where(pin_f[None], 0.0, t_bf)
-                v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf,
-                                                           control_bfhwc, write=False)
-                return v, work
-
-            work = causal.working_kv(model, cache, ccfg, cache["frames"], control_bfhwc.shape)
-            x0, work = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1, carry=work)
-            x0 = pin(x0)
-            _, cache, _ = causal.forward_block_in_place(model, cache, work, ccfg, x0, t_clean, control_bfhwc,
-                                                        write=True)
-            return x0, {**state, "cache": cache}
-
-        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array) -> jax.Array:
-            t_bf = jnp.where(pin_f[None], 0.0, t_bf)
-            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0]
+        in_place = scfg.working_cache and causal.has_working_path(model) and scfg.solver == "x0_euler"
+        velocity = _velocity(model, cache, ccfg, control_bfhwc, pin_f, pin, in_place)
 
         if scfg.solver == "unipc":
-            x0 = samplers.sample_unipc(velocity, noise, num_steps=scfg.num_steps, shift=scfg.shift)
+            x0 = samplers.sample_unipc(lambda x, t: velocity(x, t, None)[0], noise, num_steps=scfg.num_steps,
+                                       shift=scfg.shift)
+            work = None
         else:
-            x0, _ = _x0_euler(lambda x, t, c: (velocity(x, t), c), noise, rng, timesteps_n, sigmas_n1)
+            work = causal.working_kv(model, cache, ccfg, cache["frames"], control_bfhwc.shape) if in_place else None
+            x0, work = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1, carry=work)
         x0 = pin(x0)
         # The clean pass: K/V of the finished block at t = 0 become context for later blocks.
-        _, cache = causal.forward_block(model, cache, ccfg, x0, t_clean, control_bfhwc, write=True)
+        t_clean = jnp.zeros((b, f), jnp.float32)
+        if in_place:
+            _, cache, _ = causal.forward_block_in_place(model, cache, work, ccfg, x0, t_clean, control_bfhwc,
+                                                        write=True)
+        else:
+            _, cache = causal.forward_block(model, cache, ccfg, x0, t_clean, control_bfhwc, write=True)
         return x0, {**state, "cache": cache}
 
     return step
@@ -178,18 +169,29 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
         if in_place and not work_first:
             work = causal.working_kv(model, cache, ccfg, first_frame, control_bfhwc.shape)
 
-        def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work):
-            t_bf = jnp.where(pin_f[None], 0.0, t_bf)
-            if in_place:
-                v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf,
-                                                           control_bfhwc, write=False)
-                return v, work
-            return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0], work
-
+        velocity = _velocity(model, cache, ccfg, control_bfhwc, pin_f, pin, in_place)
         x0, _ = _x0_euler(velocity, x, rng, timesteps_n, sigmas_n1, first=first, carry=work if in_place else None)
         return pin(x0), {**state, "cache": cache}
 
     return step
+
+
+def _velocity(model: WanDiT, cache: causal.KVCache, ccfg: causal.CausalConfig, control_bfhwc: jax.Array,
+              pin_f: jax.Array, pin: Callable, in_place: bool) -> Callable:
+    """velocity(x, t, work) -> (v, work) of a block's denoising pass against `cache` (not written),
+    its chunk frame 0 pinned to the reference at t = 0. `in_place`: over the block's working copy
+    `work` (`causal.working_kv`), which it returns with the pass's K/V written; else `work` is
+    passed through and every pass copies the cache (`causal.forward_block`)."""
+
+    def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work: causal.Work | None):
+        t_bf = jnp.where(pin_f[None], 0.0, t_bf)
+        if in_place:
+            v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf, control_bfhwc,
+                                                       write=False)
+            return v, work
+        return causal.forward_block(model, cache, ccfg, pin(x_bfhwc), t_bf, control_bfhwc, write=False)[0], work
+
+    return velocity
 
 
 def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_frame: jax.Array):
