@@ -34,6 +34,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, time_ms, write_json  # noqa: E402
 
+# --layouts of a fully unrolled model → dit.unrolled's fusions (None: the stacked arrays, sliced)
+LAYOUTS = {"per_layer": dict(fuse_self_qkv=True, fuse_text_kv=True),  # the serving layout
+           "per_layer_text_split": dict(fuse_self_qkv=True, fuse_text_kv=False),
+           "per_layer_split": dict(fuse_self_qkv=False, fuse_text_kv=False),
+           "stacked": None}
+LAYOUT_NAMES = {"per_layer_text_split": ", text k/v per layer", "per_layer_split": ", q/k/v + text k/v unfused"}
+
 
 def check_slice(checks, attention: str, unroll: int) -> None:
     """The timed configuration (bf16, `attention`, `unroll`) against the float32 XLA-attention path
@@ -141,18 +148,18 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             if fp8_static:  # calibrated activation scales: random inputs at the student's timesteps + 0
                 model_s = calibrate(model_q, lambda m, b: m(*b), _calibration_batches(frames[0], calibration_timesteps()))
                 if layout != "stacked":
-                    model_s = unrolled(model_s, fuse_self_qkv=layout == "per_layer")
+                    model_s = unrolled(model_s, **LAYOUTS[layout])
                 graphdef_s, state_s = nnx.split(model_s)
                 del model_s
                 fwd_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(z, t, ctx))
             if layout != "stacked":
-                model_q = unrolled(model_q, fuse_self_qkv=layout == "per_layer")
+                model_q = unrolled(model_q, **LAYOUTS[layout])
             opts_q = compiler_options(model_q.cfg)
             graphdef_q, state_q = nnx.split(model_q)
             del model_q
             fwd_q = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_q, s)(z, t, ctx))
         if layout != "stacked":  # the serving layout: per-layer weights (dit.unrolled)
-            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state), fuse_self_qkv=layout == "per_layer"))
+            graphdef, state = nnx.split(unrolled(nnx.merge(graphdef, state), **LAYOUTS[layout]))
 
         @jax.jit
         def fwd(state, z, t, ctx):
@@ -168,7 +175,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 _write_hlo(f"{hlo_prefix}.bf16.{variant_tag}.hlo.txt", hlo)
             name = (f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''}"
                     f"{', stacked weights' if cfg.scan_unroll > 1 and layout == 'stacked' else ''}"
-                    f"{', q/k/v unfused' if layout == 'per_layer_split' else ''}"
+                    f"{LAYOUT_NAMES.get(layout, '')}"
                     f"{f', tokens padded to ×{multiple}' if multiple > 1 else ''})")
             if checks is not None:  # same seed, same params: every variant must agree with the first
                 checks.finite(f"{name}, {f} frames", out)
@@ -264,10 +271,11 @@ def main() -> None:
                         "(fp8.calibrate on random inputs at 5 timesteps; calibration not timed)")
     p.add_argument("--token-multiple", type=int, nargs="+", default=[1],
                    help="WanDiTConfig.token_multiple variants (16: 1170 tokens run as 1184)")
-    p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=["per_layer", "per_layer_split", "stacked"],
+    p.add_argument("--layouts", nargs="+", default=["per_layer"], choices=list(LAYOUTS),
                    help="weights of a fully unrolled model: per-layer arrays with fused self-attention q/k/v "
-                        "(dit.unrolled, serving), the same with q/k/v as three linears, or the stacked "
-                        "(layers, …) arrays sliced statically")
+                        "and all layers' text k/v as one linear (dit.unrolled, serving); the same with the "
+                        "text k/v per layer; with neither fused; or the stacked (layers, …) arrays sliced "
+                        "statically")
     p.add_argument("--compiler-options", type=json.loads, nargs="*", default=[],
                    help='extra XLA compiler-option sets (JSON dicts, e.g. \'{"xla_gpu_triton_gemm_any": true}\'), '
                         "each timed on the same bf16 program beside the default build")

@@ -227,7 +227,8 @@ def test_streaming_session_reanchors(model):
     # chunk 1 re-anchors on the last generated frame, chunk 2 on the supplied start image again
     assert not np.allclose(refs[2], refs[0], atol=1e-3)
     np.testing.assert_allclose(refs[4], refs[0], atol=1e-5)
-    assert session._step._cache_size() == 1 and session._anchor._cache_size() == 1
+    # one step executable; the re-anchors ran the one compiled ahead at start (not the jit cache)
+    assert session._step._cache_size() == 1 and session._anchor._cache_size() == 0 and len(session._ahead) == 1
     with pytest.raises(ValueError, match="needs skeleton frames"):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
 
@@ -310,31 +311,37 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
     ctx = rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32)
     skeletons = [rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32) for n in (5, 8, 4, 8, 4)]
+    reference = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
     frames = {}
     # Stacked layers: forward_block's per-pass cache copies; unrolled (served): the in-place working cache.
     for merge, unroll in ((False, False), (False, True), (True, True)):
         session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3, merge_clean_pass=merge),
                                              chunk_frames=4, unroll_layers=unroll)
         session.start(image, ctx, jax.random.key(0))
-        frames[merge, unroll] = [np.asarray(session.step(s)) for s in skeletons]
-    # The later blocks ran the executable compiled ahead at start (one, never through the jit cache).
+        # the second re-anchoring (before step 4) starts its chunk on a supplied reference frame
+        frames[merge, unroll] = [np.asarray(session.step(s, reference if i == 3 else None))
+                                 for i, s in enumerate(skeletons)]
+    # The later blocks and the re-anchoring ran the executables compiled ahead at start (one each,
+    # never through the jit cache).
     assert session._step_first._cache_size() == 1 and session._step_after._cache_size() == 0
-    assert len(session._after_compiled) == 1
+    assert session._anchor._cache_size() == 0 and len(session._ahead) == 1
     session.start(image, ctx, jax.random.key(0))  # a new episode of the same shapes: no new compile
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
-    assert len(session._after_compiled) == 1 and session._step_after._cache_size() == 0
+    assert len(session._ahead) == 1 and session._step_after._cache_size() == 0
     np.testing.assert_array_equal(again[1], frames[True, True][1])
     # Another shape (batch 2) gets its own executable; going back to batch 1 uses the first one again.
     session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), jax.random.key(0))
     pair = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
-    assert len(session._after_compiled) == 2 and pair[1].shape[0] == 2
+    assert len(session._ahead) == 2 and pair[1].shape[0] == 2
     session.start(image, ctx, jax.random.key(0))
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
-    assert len(session._after_compiled) == 2
+    assert len(session._ahead) == 2
     np.testing.assert_array_equal(again[1], frames[True, True][1])
     for variant in ((False, True), (True, True)):
         for a, b in zip(frames[False, False], frames[variant]):
             assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant
+    with pytest.raises(ValueError, match="next_reference"):
+        session.step(skeletons[2], reference[:, :16])
     with pytest.raises(ValueError, match="x0_euler"):
         streaming.StepConfig(solver="unipc", merge_clean_pass=True)
 

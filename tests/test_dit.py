@@ -195,12 +195,24 @@ def test_unrolled_serving_layout_has_per_layer_weights():
         qkv = [getattr(model.blocks.self_attn, n).kernel[...][i] for n in "qkv"]  # fused for serving
         np.testing.assert_array_equal(block.self_attn.qkv.kernel[...], np.concatenate(qkv, axis=1))
         assert block.self_attn.q is None and block.cross_attn.q.kernel[...].shape == (cfg.dim, cfg.dim)
+        assert block.cross_attn.k is None and block.cross_attn.v is None  # in model.fused_text_kv
+    text_kv = [getattr(model.blocks.cross_attn, n).kernel[...][i] for i in range(3) for n in "kv"]
+    np.testing.assert_array_equal(served.fused_text_kv.kernel[...], np.concatenate(text_kv, axis=1))
+    with pytest.raises(ValueError, match="fused"):
+        served.blocks[0].cross_attn.key_value(jnp.zeros((1, 2, cfg.dim)))
     assert dit.unrolled(served) is served
     rng = np.random.default_rng(3)
     z = jnp.asarray(rng.standard_normal((1, 2, 4, 6, cfg.in_channels)), jnp.float32)
     t, ctx = jnp.asarray([[0.0, 700.0]]), jnp.asarray(rng.standard_normal((1, cfg.text_len, cfg.text_dim)), jnp.float32)
     run = lambda m: jax.jit(lambda s: nnx.merge(nnx.graphdef(m), s)(z, t, ctx))(nnx.state(m))  # noqa: E731
     np.testing.assert_allclose(run(served), run(model), rtol=1e-5, atol=1e-6)
+    # All layers' text K/V from the one fused GEMM == each block's own k/v projections.
+    ctx_bsd = model.embed_text(ctx)
+    for a, b in zip(served.text_kv(ctx_bsd), model.text_kv(ctx_bsd)):
+        assert a.shape == (3, 1, cfg.text_len, cfg.num_heads, cfg.head_dim)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    split = dit.unrolled(model, fuse_text_kv=False)
+    assert split.fused_text_kv is None and split.blocks[0].cross_attn.k is not None
 
 
 @pytest.mark.parametrize("remat, forwards", [("save_dots", 2), ("save_dots_attn", 1)])

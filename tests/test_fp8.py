@@ -210,7 +210,7 @@ def test_calibrate_sets_static_scales_from_observed_amax(tiny, monkeypatch):
         return real(x, w, w_scale, out_dtype, x_scale)
 
     monkeypatch.setattr(fp8, "fp8_matmul", recording)
-    per_layer = dit.unrolled(q, fuse_self_qkv=False)
+    per_layer = dit.unrolled(q, fuse_self_qkv=False, fuse_text_kv=False)
     for b in batches:
         per_layer(*b)
     monkeypatch.undo()
@@ -225,8 +225,10 @@ def test_calibrate_sets_static_scales_from_observed_amax(tiny, monkeypatch):
     out = _run(static, inputs)
     err, err_per_token = rel_l2(out, ref), rel_l2(_run(q, inputs), ref)
     assert 0 < err <= 1e-1 and err <= 1.5 * err_per_token, (err, err_per_token)
-    served = dit.unrolled(static)  # fused q/k/v: their (equal) scales become one
+    served = dit.unrolled(static)  # fused q/k/v, fused text k/v: their (equal) scales become one
     assert served.blocks[0].self_attn.qkv.input_scale[...].shape == (1,)
+    text_scales = np.asarray([static.blocks.cross_attn.k.input_scale[...], static.blocks.cross_attn.v.input_scale[...]])
+    np.testing.assert_array_equal(served.fused_text_kv.input_scale[...], text_scales.max(keepdims=True)[0, 0])
     assert rel_l2(_run(served, inputs), out) <= 1e-6
     # a checkpoint of the static model restores it
     again = dit.dit_from_params(static.cfg, nnx.to_pure_dict(nnx.state(static)))

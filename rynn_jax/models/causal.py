@@ -74,12 +74,7 @@ class CausalConfig:
 
 def text_kv(model: WanDiT, ctx_bsk: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Cross-attention K/V of every layer for a text context: two (layers, B, S, N, H) arrays."""
-    ctx_bsd = model.embed_text(ctx_bsk)
-
-    def layer(block: WanBlock, x, _):
-        return x, block.cross_attn.key_value(ctx_bsd)
-
-    return model.scan_blocks(layer, jnp.zeros(()))[1]
+    return model.text_kv(model.embed_text(ctx_bsk))
 
 
 def init_cache(model: WanDiT, ccfg: CausalConfig, ctx_bsk: jax.Array, latent_hw: tuple[int, int]) -> KVCache:

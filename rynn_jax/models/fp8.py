@@ -202,8 +202,8 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     if not margin >= 1.0:
         raise ValueError(f"calibrate: margin must be ≥ 1 (got {margin})")
     # One module per layer (unrolled's Python loop), so each layer's observer is updated in place;
-    # a lax.scan over stacked layers would drop the updates. q, k, v stay separate to keep the paths.
-    probe = unrolled(model, fuse_self_qkv=False)
+    # a lax.scan over stacked layers would drop the updates. Projections stay unfused to keep the paths.
+    probe = unrolled(model, fuse_self_qkv=False, fuse_text_kv=False)
     linears = [(tuple(path), m) for path, m in nnx.iter_graph(probe) if isinstance(m, Fp8Linear)]
     if not linears or any(path[0] != "blocks" for path, _ in linears):  # all FP8 layers live in blocks
         raise ValueError(f"calibrate: unexpected FP8 layers {[p for p, _ in linears if p[0] != 'blocks']}")

@@ -477,7 +477,8 @@ class StreamingSession:
             self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
                                  compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(enc), donate_argnums=1)
-        self._after_compiled: dict[Any, concurrent.futures.Future] = {}  # session shapes → compiled _step_after
+        # session shapes → executables compiled ahead: "anchor" (+ "step_after" with the merged pass)
+        self._ahead: dict[Any, dict[str, concurrent.futures.Future]] = {}
         self.state: State | None = None
 
     def start(self, image_bhw3: jax.Array, ctx_bsk: jax.Array, rng: jax.Array) -> None:
@@ -489,28 +490,38 @@ class StreamingSession:
         self._next_reference = None
         self.image_shape = tuple(image_bhw3.shape)
         self._last_skeleton = None
-        if self.merge_clean_pass:
-            self._compile_after_ahead()
+        self._compile_ahead()
 
-    def _compile_after_ahead(self) -> None:
-        """Lower the later blocks' executable (`_step_after`) for this session's shapes now and
-        compile it on a worker thread while the first block compiles and runs. Compiled on first
-        use instead, it would stall the session's second block for the whole compile (29–45 s at
-        480×832 on an H200). One compile per session shape, reused by later `start`s."""
+    def _compile_ahead(self) -> None:
+        """Lower the executables a session needs after its first block — the later blocks' step
+        (`_step_after`, merged clean pass only) and the re-anchoring at the first chunk boundary —
+        for this session's shapes now, and compile them on a worker thread while the first block
+        compiles and runs. Compiled on first use instead, they stall the stream: the later-block step
+        29–45 s at block 2 and the anchor 2–7 s at the first re-anchor (480×832, H200). One compile
+        per session shape, reused by later `start`s."""
         b, h, w, _ = self.image_shape
         skel = jax.ShapeDtypeStruct((b, 4 * self.ccfg.frames_per_block, h, w, 3), jnp.float32)
         key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), self.rng)
         shape_key = (skel.shape, key.shape, jax.tree.structure(self.state),
                      tuple((a.shape, a.dtype) for a in jax.tree.leaves(self.state)))
-        self._after_key = shape_key  # the executable `step` uses, for this session's shapes
-        if shape_key in self._after_compiled:
+        self._ahead_key = shape_key  # the executables `step` and `_reanchor` use, for this session's shapes
+        if shape_key in self._ahead:
             return
-        none = jax.ShapeDtypeStruct((), jnp.float32)
-        _, state, clean = jax.eval_shape(self._step_first, self.dit_params, self.codec_params, self.state, skel, key,
-                                         none, none)
-        lowered = self._step_after.lower(self.dit_params, self.codec_params, state, skel, key, *clean)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rynn-compile")
-        self._after_compiled[shape_key] = pool.submit(lowered.compile)  # XLA compiles outside the GIL
+        lowered = {}
+        if self.merge_clean_pass:
+            none = jax.ShapeDtypeStruct((), jnp.float32)
+            _, state, clean = jax.eval_shape(self._step_first, self.dit_params, self.codec_params, self.state, skel,
+                                             key, none, none)
+            lowered["step_after"] = self._step_after.lower(self.dit_params, self.codec_params, state, skel, key,
+                                                           *clean)
+        else:
+            _, state = jax.eval_shape(self._step, self.dit_params, self.codec_params, self.state, skel, key)
+        image = jax.ShapeDtypeStruct((b, h, w, 3), jnp.float32)
+        lowered["anchor"] = self._anchor.lower(self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
+        # One thread each, XLA compiles outside the GIL: queued behind the ≈ 37 s later-block step,
+        # the anchor was still compiling at the first re-anchor (block 8 waited 1.4 s on an H200).
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered), thread_name_prefix="rynn-compile")
+        self._ahead[shape_key] = {name: pool.submit(low.compile) for name, low in lowered.items()}
         pool.shutdown(wait=False)
 
     @property
@@ -528,6 +539,9 @@ class StreamingSession:
         if self.state is None:
             raise RuntimeError("call start() first")
         if next_reference_bhw3 is not None:
+            if tuple(next_reference_bhw3.shape) != self.image_shape:
+                raise ValueError(f"next_reference must be one frame per session, {self.image_shape} like the "
+                                 f"start image; got {tuple(next_reference_bhw3.shape)}")
             self._next_reference = jnp.asarray(next_reference_bhw3, jnp.float32)
         if self._chunk_done:
             self._reanchor()
@@ -549,7 +563,7 @@ class StreamingSession:
             rgb, self.state, self._clean = self._step_first(self.dit_params, self.codec_params, self.state, skel,
                                                             key, placeholder, placeholder)
         else:  # the executable compiled ahead (errors of that compile surface here)
-            step_after = self._after_compiled[self._after_key].result()
+            step_after = self._ahead[self._ahead_key]["step_after"].result()
             rgb, self.state, self._clean = step_after(self.dit_params, self.codec_params, self.state, skel,
                                                       key, *self._clean)
         self._last_skeleton = skel[:, -1:]
@@ -563,6 +577,7 @@ class StreamingSession:
         image = self._next_reference
         self._next_reference = None
         use_image = image is not None
-        image = image if use_image else jnp.zeros_like(self.state["last_rgb"])
-        self.state = self._anchor(self.codec_params, self.state, image, jnp.asarray(use_image))
+        image = image if use_image else jnp.zeros(self.image_shape, jnp.float32)  # ignored (use_image False)
+        anchor = self._ahead[self._ahead_key]["anchor"].result()  # compiled ahead
+        self.state = anchor(self.codec_params, self.state, image, jnp.asarray(use_image))
         self.chunk_pos, self.chunks = 0, self.chunks + 1
