@@ -273,7 +273,7 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
             _print(name + ", fp8", res_q)
             out[name + ", fp8"] = res_q
             del state_q
-        del state, stacked
+        state = stacked = None  # free the weights before the next variant (a `del` would upset the lambda above)
     out.pop("outputs")
     return out
 
