@@ -16,7 +16,8 @@ variant goes next to the JSON (`<out>.<bf16|fp8>.<attention>.u<unroll>.m<token m
 (`fp8.calibrate`; row "…, fp8 static)"), held to the bf16 output like the per-token one.
 `--token-multiple 1 16` also times the model with its tokens padded (WanDiTConfig.token_multiple).
 `--compiler-options '{"xla_gpu_triton_gemm_any": true}'` also times the bf16 program built with those
-XLA options.
+XLA options. `--round-robin` times the JAX variants in turn after compiling them all (A/B within
+one process; the diffusers peer still runs first, in its own process).
 """
 
 from __future__ import annotations
@@ -78,31 +79,71 @@ def _write_hlo(path: str, text: str) -> None:
         fh.write(text)
 
 
-def _compile_and_time(fn, args: tuple, options: dict | None, iters: int):
+class Timing:
+    """Times each compiled variant right away or, with `round_robin`, all of them in turn at the end
+    (one call of each, then the next round), so that clock drift over the run — ±4% between
+    processes on the H200 — falls on every variant alike. Round-robin keeps every variant's weights
+    alive until the end."""
+
+    def __init__(self, iters: int, round_robin: bool = False):
+        self.iters, self.round_robin = iters, round_robin
+        self.pending: list[tuple[object, list[float]]] = []
+
+    def time(self, call) -> list[float]:
+        if not self.round_robin:
+            return time_ms(call, 3, self.iters)
+        times: list[float] = []
+        self.pending.append((call, times))
+        return times  # filled in by finish()
+
+    def finish(self, rows: list[dict]) -> None:
+        if not self.pending:
+            return
+        for _ in range(3):  # warm-up round
+            for call, _ in self.pending:
+                call()
+        for _ in range(self.iters):
+            for call, times in self.pending:
+                t0 = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - t0) * 1e3)
+        for row in rows:
+            if "times_ms" not in row:
+                _summarise(row, row.pop("_times"))
+
+
+def _compile_and_time(fn, args: tuple, options: dict | None, timing: Timing):
     """Compile `fn` for `args` with XLA `options`, run once, time it: (output, times ms, compile s, HLO)."""
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile(options)
     out = compiled(*args).block_until_ready()
     compile_s = time.perf_counter() - t0
-    times = time_ms(lambda: compiled(*args).block_until_ready(), 3, iters)
+    times = timing.time(lambda: compiled(*args).block_until_ready())
     return out, times, compile_s, compiled.as_text() or ""
 
 
 def _row(name: str, frames: int, times: list[float], compile_s: float, **extra) -> dict:
-    row = dict(impl=name, frames=frames, tokens=frames * 390, median_ms=statistics.median(times),
-               min_ms=min(times), compile_s=compile_s, **extra)
-    print(row, flush=True)
-    row["times_ms"] = [round(t, 3) for t in times]  # every timed call: the spread behind the median
+    row = dict(impl=name, frames=frames, tokens=frames * 390, compile_s=compile_s, **extra)
+    if times:
+        _summarise(row, times)
+    else:  # timed later (Timing.round_robin)
+        row["_times"] = times
     return row
 
 
+def _summarise(row: dict, times: list[float]) -> None:
+    row.update(median_ms=statistics.median(times), min_ms=min(times))
+    print({k: v for k, v in row.items() if k != "hlo_gemms"}, flush=True)
+    row["times_ms"] = [round(t, 3) for t in times]  # every timed call: the spread behind the median
+
+
 def _option_rows(option_sets, fn, args: tuple, base_options: dict | None, base_name: str, base_out,
-                 frames: int, iters: int, checks) -> list[dict]:
+                 frames: int, timing: Timing, checks) -> list[dict]:
     """The same program rebuilt with each extra XLA option set (on top of its own options), each
     checked against the default build's output."""
     rows = []
     for opts in option_sets:
-        out, times, compile_s, hlo = _compile_and_time(fn, args, {**(base_options or {}), **opts}, iters)
+        out, times, compile_s, hlo = _compile_and_time(fn, args, {**(base_options or {}), **opts}, timing)
         name = f"{base_name[:-1]}, {json.dumps(opts, sort_keys=True)})"
         if checks is not None:
             checks.close(f"{name} vs default options, {frames} frames", out, base_out, 2e-2)
@@ -113,7 +154,7 @@ def _option_rows(option_sets, fn, args: tuple, base_options: dict | None, base_n
 def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[int],
               attentions: list[str], checks=None, fp8: bool = False, hlo_prefix: str | None = None,
               token_multiples: tuple[int, ...] = (1,), layouts: tuple[str, ...] = ("per_layer",),
-              option_sets: tuple[dict, ...] = (), fp8_static: bool = False) -> list[dict]:
+              option_sets: tuple[dict, ...] = (), fp8_static: bool = False, round_robin: bool = False) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -123,6 +164,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
     from rynn_jax.teleop.calibrate_fp8 import calibration_timesteps
 
     rows, first_out = [], {}
+    timing = Timing(iters, round_robin)
     gpu = jax.default_backend() == "gpu"
     variants = [(att, u, m, lay) for att in attentions if gpu or att == "xla" for u in unrolls
                 for m in token_multiples for lay in (layouts if u >= (layers or WanDiTConfig.ti2v_5b().num_layers)
@@ -170,7 +212,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             z = jax.random.normal(key, (1, f, 30, 52, 48), jnp.bfloat16)
             t = jnp.concatenate([jnp.zeros((1, 1)), jnp.full((1, f - 1), 700.0)], axis=1)
             ctx = jax.random.normal(key, (1, 512, 4096), jnp.bfloat16)
-            out, times, compile_s, hlo = _compile_and_time(fwd, (state, z, t, ctx), None, iters)
+            out, times, compile_s, hlo = _compile_and_time(fwd, (state, z, t, ctx), None, timing)
             if hlo_prefix and f == frames[0]:
                 _write_hlo(f"{hlo_prefix}.bf16.{variant_tag}.hlo.txt", hlo)
             name = (f"jax ({attention} attn{', unrolled' if cfg.scan_unroll > 1 else ''}"
@@ -184,21 +226,21 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
                 else:
                     first_out[f] = (name, jax.device_get(out))
             rows.append(_row(name, f, times, compile_s))
-            rows += _option_rows(option_sets, fwd, (state, z, t, ctx), None, name, out, f, iters, checks)
+            rows += _option_rows(option_sets, fwd, (state, z, t, ctx), None, name, out, f, timing, checks)
             if fp8:
                 name_q = f"{name[:-1]}, fp8)"
-                out_q, times, compile_s, hlo = _compile_and_time(fwd_q, (state_q, z, t, ctx), opts_q, iters)
+                out_q, times, compile_s, hlo = _compile_and_time(fwd_q, (state_q, z, t, ctx), opts_q, timing)
                 if hlo_prefix and f == frames[0]:
                     _write_hlo(f"{hlo_prefix}.fp8.{variant_tag}.hlo.txt", hlo)
                 if checks is not None:
                     checks.finite(f"{name_q}, {f} frames", out_q)
                     checks.close(f"{name_q} vs bf16, {f} frames", out_q, out, 1e-1)
                 rows.append(_row(name_q, f, times, compile_s, hlo_gemms=_hlo_gemms(hlo)))
-                rows += _option_rows(option_sets, fwd_q, (state_q, z, t, ctx), opts_q, name_q, out_q, f, iters,
+                rows += _option_rows(option_sets, fwd_q, (state_q, z, t, ctx), opts_q, name_q, out_q, f, timing,
                                      checks)
             if fp8 and fp8_static:
                 name_s = f"{name[:-1]}, fp8 static)"
-                out_s, times, compile_s, hlo = _compile_and_time(fwd_s, (state_s, z, t, ctx), opts_q, iters)
+                out_s, times, compile_s, hlo = _compile_and_time(fwd_s, (state_s, z, t, ctx), opts_q, timing)
                 if checks is not None:
                     checks.finite(f"{name_s}, {f} frames", out_s)
                     checks.close(f"{name_s} vs bf16, {f} frames", out_s, out, 1e-1)
@@ -208,6 +250,7 @@ def bench_jax(frames: list[int], iters: int, layers: int | None, unrolls: list[i
             del state_q
         if fp8 and fp8_static:
             del state_s
+    timing.finish(rows)
     return rows
 
 
@@ -279,6 +322,9 @@ def main() -> None:
     p.add_argument("--compiler-options", type=json.loads, nargs="*", default=[],
                    help='extra XLA compiler-option sets (JSON dicts, e.g. \'{"xla_gpu_triton_gemm_any": true}\'), '
                         "each timed on the same bf16 program beside the default build")
+    p.add_argument("--round-robin", action="store_true",
+                   help="time the JAX variants in turn, call by call, after all are compiled (so clock drift "
+                        "over the run hits all alike; keeps every variant's weights in memory)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/dit.json")
     a = p.parse_args()
@@ -301,7 +347,8 @@ def main() -> None:
     checks = Checks()
     rows += bench_jax(a.frames, a.iters, a.layers, a.unroll, a.attention, checks,
                       fp8=a.fp8, hlo_prefix=os.path.splitext(a.out)[0], token_multiples=tuple(a.token_multiple),
-                      layouts=tuple(a.layouts), option_sets=tuple(a.compiler_options), fp8_static=a.fp8_static)
+                      layouts=tuple(a.layouts), option_sets=tuple(a.compiler_options), fp8_static=a.fp8_static,
+                      round_robin=a.round_robin)
     import jax
 
     for attention in a.attention if jax.default_backend() == "gpu" else ["xla"]:

@@ -100,12 +100,12 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
 
 
 def test_dit_bench_fp8_static_rows(tmp_path):
-    """bench_dit --fp8 --fp8-static on a 1-layer 5B-width slice (XLA attention on CPU): bf16, FP8 and
-    static-FP8 rows, each holding its timed calls, and the bench's own checks (FP8 outputs near
-    bf16; bf16 near the float32 reference) pass."""
+    """bench_dit --fp8 --fp8-static --round-robin on a 1-layer 5B-width slice (XLA attention on CPU):
+    bf16, FP8 and static-FP8 rows, each holding its timed calls (taken in turn after all compiled),
+    and the bench's own checks (FP8 outputs near bf16; bf16 near the float32 reference) pass."""
     out = tmp_path / "dit.json"
     cmd = [sys.executable, "bench/bench_dit.py", "--frames", "1", "--iters", "2", "--layers", "1", "--unroll", "1",
-           "--attention", "xla", "--torch", "off", "--fp8", "--fp8-static", "--out", str(out)]
+           "--attention", "xla", "--torch", "off", "--fp8", "--fp8-static", "--round-robin", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -114,5 +114,6 @@ def test_dit_bench_fp8_static_rows(tmp_path):
     assert set(rows) == {"jax (xla attn)", "jax (xla attn, fp8)", "jax (xla attn, fp8 static)"}
     for r in rows.values():
         assert len(r["times_ms"]) == 2 and r["median_ms"] > 0 and abs(r["min_ms"] - min(r["times_ms"])) < 1e-3
+        assert "_times" not in r
     static = [c for c in result["checks"] if "fp8 static) vs bf16" in c["check"]]
     assert len(static) == 1 and 1e-3 < static[0]["value"] < 1e-1, static
