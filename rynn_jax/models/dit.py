@@ -557,7 +557,9 @@ def fuse_cross_kv(model: WanDiT) -> None:
 
     Why: all 60 projections read the same text context, so XLA's dot merger joins groups of them
     and, with per-layer weights, concatenates those weights on every call (15 merges per bf16
-    forward); disabling the merger measured −0.9 ms of a 24 ms 1170-token forward."""
+    forward); one GEMM measured −2.0 ms of a 26 ms 1170-token forward (H200, docs/PERFORMANCE.md).
+    A single-device layout, like `fuse_qkv`'s: on a tensor-parallel mesh its column split would fall
+    between layers, not heads."""
     if not isinstance(model.blocks, nnx.List):
         raise ValueError("fuse_cross_kv: expects the per-layer serving layout (dit.unrolled)")
     parts = [p for block in model.blocks for p in (block.cross_attn.k, block.cross_attn.v)]
