@@ -227,8 +227,9 @@ def test_streaming_session_reanchors(model):
     # chunk 1 re-anchors on the last generated frame, chunk 2 on the supplied start image again
     assert not np.allclose(refs[2], refs[0], atol=1e-3)
     np.testing.assert_allclose(refs[4], refs[0], atol=1e-5)
-    # one step executable; the re-anchors ran the one compiled ahead at start (not the jit cache)
-    assert session._step._cache_size() == 1 and session._anchor._cache_size() == 0 and len(session._ahead) == 1
+    # every program ran from the set compiled ahead at start, none through the jit cache
+    assert all(j._cache_size() == 0 for j in (session._start, session._step, session._anchor))
+    assert len(session._ahead) == 1 and set(session._exe) == {"start", "step", "anchor"}
     with pytest.raises(ValueError, match="needs skeleton frames"):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
 
@@ -321,18 +322,23 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
         # the second re-anchoring (before step 4) starts its chunk on a supplied reference frame
         frames[merge, unroll] = [np.asarray(session.step(s, reference if i == 3 else None))
                                  for i, s in enumerate(skeletons)]
-    # The later blocks and the re-anchoring ran the executables compiled ahead at start (one each,
-    # never through the jit cache).
-    assert session._step_first._cache_size() == 1 and session._step_after._cache_size() == 0
-    assert session._anchor._cache_size() == 0 and len(session._ahead) == 1
+    # Every program ran from the set compiled ahead at start (one each, never through the jit cache).
+    jitted = (session._start, session._step_first, session._step_after, session._anchor)
+    assert all(j._cache_size() == 0 for j in jitted) and len(session._ahead) == 1
+    assert set(session._exe) == {"start", "step_first", "step_after", "anchor"}
     session.start(image, ctx, jax.random.key(0))  # a new episode of the same shapes: no new compile
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
-    assert len(session._ahead) == 1 and session._step_after._cache_size() == 0
+    assert len(session._ahead) == 1 and all(j._cache_size() == 0 for j in jitted)
     np.testing.assert_array_equal(again[1], frames[True, True][1])
-    # Another shape (batch 2) gets its own executable; going back to batch 1 uses the first one again.
+    # Another shape (batch 2), compiled ahead as a server would at boot, gets its own set; going back
+    # to batch 1 uses the first one again.
+    session.compile((2, *image.shape[1:]))
+    assert len(session._ahead) == 2 and all(f.done() for exe in session._ahead.values() for f in exe.values())
     session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), jax.random.key(0))
     pair = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
     assert len(session._ahead) == 2 and pair[1].shape[0] == 2
+    with pytest.raises(ValueError, match="start wants"):
+        session.start(image[0], ctx, jax.random.key(0))
     session.start(image, ctx, jax.random.key(0))
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
     assert len(session._ahead) == 2

@@ -261,6 +261,11 @@ class CausalStudent:
         return self.anchor_fn(state, ref_latent_b1hwc)
 
 
+def _as_key(rng: jax.Array) -> jax.Array:
+    """A typed PRNG key (raw uint32 key data is wrapped)."""
+    return rng if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(rng)
+
+
 def check_step_inputs(cfg, ccfg: causal.CausalConfig, state: State, control_bfhwc: Any) -> None:
     """Shape, dtype and finiteness of a step's control block, with clear messages. Shapes come from
     the state's metadata (no transfer); finiteness is checked on the host for host arrays and by
@@ -439,6 +444,9 @@ class StreamingSession:
     in one forward with the next block's first denoising pass (`make_deferred_step`; same frames,
     one executable for a chunk's first block and one for the rest).
 
+    Every program of a session is compiled ahead, all in parallel: `compile(shapes)` at boot, or
+    `start` for shapes it has not seen (then the first block waits only for its own programs).
+
     `vae` encodes (the skeleton frames, the references) and decodes; `decoder` / `encoder`, when
     given, replace it on that side, e.g. the tiny autoencoder `models.tae` (same latent space,
     ≈ 0.5 ms instead of 12.7 ms per decoded 480×832 frame on an H200, lower fidelity).
@@ -477,52 +485,75 @@ class StreamingSession:
             self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
                                  compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(enc), donate_argnums=1)
-        # session shapes → executables compiled ahead: "anchor" (+ "step_after" with the merged pass)
+        # session shapes → the session's executables, compiled ahead (`compile`): "start", "step" or
+        # "step_first" + "step_after" (merged clean pass), "anchor"
         self._ahead: dict[Any, dict[str, concurrent.futures.Future]] = {}
         self.state: State | None = None
 
+    def compile(self, image_shape_bhw3: tuple[int, ...], ctx_shape_bsk: tuple[int, ...] | None = None,
+                rng: jax.Array | None = None, *, wait: bool = True) -> None:
+        """Compile every executable a session of these shapes runs — start, the first block of a
+        chunk, the later blocks (merged clean pass) and the re-anchor — in parallel threads, so a
+        server pays all compilation at boot and the stream never stalls on a first use (compiled
+        on first use, the later-block step stalled block 2 for 29–45 s at 480×832 on an H200).
+        `start` calls it for shapes not compiled yet (without waiting: the first block then waits
+        only for the programs it runs). `ctx_shape_bsk` defaults to (B, text_len, text_dim);
+        `rng`: a key of the PRNG implementation `start` will get (default: the default one)."""
+        exe = self._executables(
+            tuple(image_shape_bhw3),
+            tuple(ctx_shape_bsk or (image_shape_bhw3[0], self.dit_cfg.text_len, self.dit_cfg.text_dim)),
+            jax.random.key(0) if rng is None else _as_key(rng))
+        if wait:
+            for future in exe.values():
+                future.result()
+
+    def _executables(self, image_shape: tuple[int, ...], ctx_shape: tuple[int, ...], rng: jax.Array
+                     ) -> dict[str, concurrent.futures.Future]:
+        """The session's compiled programs for these shapes, lowered here (tracing holds the GIL)
+        and each compiled on a thread of its own as soon as it is lowered (XLA compiles outside
+        the GIL). One set per session shape, reused by later `start`s."""
+        key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), rng)
+        shape_key = (image_shape, ctx_shape, key.shape, key.dtype)
+        if shape_key in self._ahead:
+            return self._ahead[shape_key]
+        b, h, w, _ = image_shape
+        f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+        image, skel = f32(image_shape), f32((b, 4 * self.ccfg.frames_per_block, h, w, 3))
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rynn-compile")
+        futures: dict[str, concurrent.futures.Future] = {}
+
+        def compile_(name: str, jitted, *args) -> Any:
+            lowered = jitted.lower(*args)
+            futures[name] = pool.submit(lowered.compile)
+            return jax.eval_shape(jitted, *args)  # output shapes, for the programs that follow
+
+        params = (self.dit_params, self.codec_params)
+        try:
+            state = compile_("start", self._start, *params, image, f32(ctx_shape))
+            if self.merge_clean_pass:
+                none = f32(())
+                _, state, clean = compile_("step_first", self._step_first, *params, state, skel, key, none, none)
+                compile_("step_after", self._step_after, *params, state, skel, key, *clean)
+            else:
+                _, state = compile_("step", self._step, *params, state, skel, key)
+            compile_("anchor", self._anchor, self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
+        finally:
+            pool.shutdown(wait=False)
+        self._ahead[shape_key] = futures
+        return futures
+
     def start(self, image_bhw3: jax.Array, ctx_bsk: jax.Array, rng: jax.Array) -> None:
-        self.state = self._start(self.dit_params, self.codec_params, jnp.asarray(image_bhw3, jnp.float32),
-                                 jnp.asarray(ctx_bsk))
-        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-            rng = jax.random.wrap_key_data(rng)
+        image, ctx = jnp.asarray(image_bhw3, jnp.float32), jnp.asarray(ctx_bsk, jnp.float32)
+        if image.ndim != 4 or image.shape[-1] != 3 or ctx.ndim != 3 or ctx.shape[0] != image.shape[0]:
+            raise ValueError(f"start wants an image (B, H, W, 3) and a text context (B, S, D); got "
+                             f"{tuple(image.shape)} and {tuple(ctx.shape)}")
+        rng = _as_key(rng)
+        self._exe = self._executables(tuple(image.shape), tuple(ctx.shape), rng)
+        self.state = self._exe["start"].result()(self.dit_params, self.codec_params, image, ctx)
         self.rng, self.blocks, self.chunk_pos, self.chunks = rng, 0, 0, 0
         self._next_reference = None
-        self.image_shape = tuple(image_bhw3.shape)
+        self.image_shape = tuple(image.shape)
         self._last_skeleton = None
-        self._compile_ahead()
-
-    def _compile_ahead(self) -> None:
-        """Lower the executables a session needs after its first block — the later blocks' step
-        (`_step_after`, merged clean pass only) and the re-anchoring at the first chunk boundary —
-        for this session's shapes now, and compile them on a worker thread while the first block
-        compiles and runs. Compiled on first use instead, they stall the stream: the later-block step
-        29–45 s at block 2 and the anchor 2–7 s at the first re-anchor (480×832, H200). One compile
-        per session shape, reused by later `start`s."""
-        b, h, w, _ = self.image_shape
-        skel = jax.ShapeDtypeStruct((b, 4 * self.ccfg.frames_per_block, h, w, 3), jnp.float32)
-        key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), self.rng)
-        shape_key = (skel.shape, key.shape, jax.tree.structure(self.state),
-                     tuple((a.shape, a.dtype) for a in jax.tree.leaves(self.state)))
-        self._ahead_key = shape_key  # the executables `step` and `_reanchor` use, for this session's shapes
-        if shape_key in self._ahead:
-            return
-        lowered = {}
-        if self.merge_clean_pass:
-            none = jax.ShapeDtypeStruct((), jnp.float32)
-            _, state, clean = jax.eval_shape(self._step_first, self.dit_params, self.codec_params, self.state, skel,
-                                             key, none, none)
-            lowered["step_after"] = self._step_after.lower(self.dit_params, self.codec_params, state, skel, key,
-                                                           *clean)
-        else:
-            _, state = jax.eval_shape(self._step, self.dit_params, self.codec_params, self.state, skel, key)
-        image = jax.ShapeDtypeStruct((b, h, w, 3), jnp.float32)
-        lowered["anchor"] = self._anchor.lower(self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
-        # One thread each, XLA compiles outside the GIL: queued behind the ≈ 37 s later-block step,
-        # the anchor was still compiling at the first re-anchor (block 8 waited 1.4 s on an H200).
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered), thread_name_prefix="rynn-compile")
-        self._ahead[shape_key] = {name: pool.submit(low.compile) for name, low in lowered.items()}
-        pool.shutdown(wait=False)
 
     @property
     def frames_needed(self) -> int:
@@ -556,16 +587,16 @@ class StreamingSession:
             first = skel[:, :1] if self.chunks == 0 else self._last_skeleton
             skel = jnp.concatenate([jnp.repeat(first, 4, 1), skel[:, 1:] if self.chunks == 0 else skel], 1)
         key = jax.random.key_data(jax.random.fold_in(self.rng, self.blocks))
+        exe = self._exe  # compiled ahead (errors of those compiles surface here)
         if not self.merge_clean_pass:
-            rgb, self.state = self._step(self.dit_params, self.codec_params, self.state, skel, key)
+            rgb, self.state = exe["step"].result()(self.dit_params, self.codec_params, self.state, skel, key)
         elif self.chunk_pos == 0:  # nothing pending: the cache is empty (a new chunk)
             placeholder = jnp.zeros((), jnp.float32)
-            rgb, self.state, self._clean = self._step_first(self.dit_params, self.codec_params, self.state, skel,
-                                                            key, placeholder, placeholder)
-        else:  # the executable compiled ahead (errors of that compile surface here)
-            step_after = self._ahead[self._ahead_key]["step_after"].result()
-            rgb, self.state, self._clean = step_after(self.dit_params, self.codec_params, self.state, skel,
-                                                      key, *self._clean)
+            rgb, self.state, self._clean = exe["step_first"].result()(
+                self.dit_params, self.codec_params, self.state, skel, key, placeholder, placeholder)
+        else:
+            rgb, self.state, self._clean = exe["step_after"].result()(
+                self.dit_params, self.codec_params, self.state, skel, key, *self._clean)
         self._last_skeleton = skel[:, -1:]
         self.blocks += 1
         self.chunk_pos += f
@@ -578,6 +609,6 @@ class StreamingSession:
         self._next_reference = None
         use_image = image is not None
         image = image if use_image else jnp.zeros(self.image_shape, jnp.float32)  # ignored (use_image False)
-        anchor = self._ahead[self._ahead_key]["anchor"].result()  # compiled ahead
+        anchor = self._exe["anchor"].result()
         self.state = anchor(self.codec_params, self.state, image, jnp.asarray(use_image))
         self.chunk_pos, self.chunks = 0, self.chunks + 1
