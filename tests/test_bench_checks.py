@@ -70,7 +70,7 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     runs = [["bench/bench_causal.py", "--tiny", "--layers", "1", "--fp8", "--chunks", "2", "--rolling-blocks", "2",
              "--out", str(causal_out)],
             ["bench/bench_stream.py", "--tiny", "--height", "64", "--width", "64", "--fp8", "--chunks", "3",
-             "--fp8-activations", "static", "--ab", "merge", "--warm-chunks", "1",
+             "--fp8-activations", "static", "--ab", "merge", "--warm-chunks", "1", "--precompile",
              "--out", str(stream_out)]]
     for argv in runs:
         proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -97,6 +97,7 @@ def test_fp8_causal_and_streaming_benches(tmp_path):
     for res in stream["results"]:
         assert res["batch"] == 1 and abs(res["steady_fps"] * res["steady_ms_per_frame"] - 1000.0) < 1e-6
         assert {r["chunk"] for r in res["rows"]} == {0, 1, 2} and res["time_to_first_frame_s"] > 0
+        assert res["precompile_s"] > 0  # StreamingSession.compile() before start
 
 
 def test_dit_bench_fp8_static_rows(tmp_path):
