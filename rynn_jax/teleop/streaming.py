@@ -525,7 +525,7 @@ class StreamingSession:
         def compile_(name: str, jitted, *args) -> Any:
             lowered = jitted.lower(*args)
             futures[name] = pool.submit(lowered.compile)
-            return jax.eval_shape(jitted, *args)  # output shapes, for the programs that follow
+            return lowered.out_info  # output shapes, for the programs that follow
 
         params = (self.dit_params, self.codec_params)
         try:
