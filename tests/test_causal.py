@@ -339,6 +339,14 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     assert len(session._ahead) == 2 and pair[1].shape[0] == 2
     with pytest.raises(ValueError, match="start wants"):
         session.start(image[0], ctx, jax.random.key(0))
+    # A rolling session that never re-anchors compiles no anchor program.
+    rolling = streaming.StreamingSession(dit, vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
+                                                                       policy="rolling"),
+                                         streaming.StepConfig(num_steps=3, merge_clean_pass=True), chunk_frames=None)
+    rolling.start(image, ctx, jax.random.key(0))
+    out = [np.asarray(rolling.step(s)) for s in (skeletons[0], skeletons[1], skeletons[3], skeletons[1])]
+    assert set(rolling._exe) == {"start", "step_first", "step_after"} and rolling.chunks == 0
+    assert [o.shape[1] for o in out] == [5, 8, 8, 8] and all(np.isfinite(o).all() for o in out)
     session.start(image, ctx, jax.random.key(0))
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
     assert len(session._ahead) == 2

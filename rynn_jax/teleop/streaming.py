@@ -536,7 +536,8 @@ class StreamingSession:
                 compile_("step_after", self._step_after, *params, state, skel, key, *clean)
             else:
                 _, state = compile_("step", self._step, *params, state, skel, key)
-            compile_("anchor", self._anchor, self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
+            if self.chunk_frames is not None:  # a session that never re-anchors needs no anchor program
+                compile_("anchor", self._anchor, self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
         finally:
             pool.shutdown(wait=False)
         self._ahead[shape_key] = futures
