@@ -196,8 +196,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     timings: dict[str, float] = {}
 
     def world_model() -> tuple[StreamingSession, jax.Array]:
-        """Build the causal student and compile its start/step on zeros (the compiled programs
-        are cached; `start` below resets the state)."""
+        """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
         t0 = time.perf_counter()
         dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales)
         decoder = None
@@ -212,8 +211,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                                 SERVING_STEPS, chunk_frames=None, unroll_layers=dit is not None,
                                 decoder=decoder)
         context = empty_context(dit_model.cfg.text_len, dit_model.cfg.text_dim)[None]
-        sess.start(np.zeros((1, height, width, 3), np.float32), context, jax.random.key(seed))
-        jax.block_until_ready(sess.step(np.zeros((1, sess.frames_needed, height, width, 3), np.float32)))
+        sess.compile((1, height, width, 3), context.shape)
         timings["world_model_build_compile"] = time.perf_counter() - t0
         return sess, context
 
