@@ -3,6 +3,7 @@ memory and one compilation over long rolling sessions, input checks, streaming r
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import jax
@@ -339,6 +340,15 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     assert len(session._ahead) == 2 and pair[1].shape[0] == 2
     with pytest.raises(ValueError, match="start wants"):
         session.start(image[0], ctx, jax.random.key(0))
+    # A failed compile (say, out of memory) is not kept: the next start builds the set again.
+    one = next(k for k in session._ahead if k[0] == image.shape)
+    failed = concurrent.futures.Future()
+    failed.set_exception(RuntimeError("compile failed"))
+    session._ahead[one] = {**session._ahead[one], "step_after": failed}
+    session.start(image, ctx, jax.random.key(0))
+    again = [np.asarray(session.step(s)) for s in skeletons[:2]]
+    assert session._ahead[one]["step_after"] is not failed
+    np.testing.assert_array_equal(again[1], frames[True, True][1])
     # A rolling session that never re-anchors compiles no anchor program.
     rolling = streaming.StreamingSession(dit, vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
                                                                        policy="rolling"),

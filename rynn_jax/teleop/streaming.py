@@ -514,8 +514,9 @@ class StreamingSession:
         the GIL). One set per session shape, reused by later `start`s."""
         key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), rng)
         shape_key = (image_shape, ctx_shape, key.shape, key.dtype)
-        if shape_key in self._ahead:
-            return self._ahead[shape_key]
+        cached = self._ahead.get(shape_key)
+        if cached is not None and not any(f.done() and f.exception() is not None for f in cached.values()):
+            return cached  # (a set with a failed compile, e.g. out of memory, is built again)
         b, h, w, _ = image_shape
         f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
         image, skel = f32(image_shape), f32((b, 4 * self.ccfg.frames_per_block, h, w, 3))
