@@ -194,13 +194,22 @@ def _velocity(model: WanDiT, cache: causal.KVCache, ccfg: causal.CausalConfig, c
     return velocity
 
 
+def _as_key(rng: jax.Array) -> jax.Array:
+    """A typed PRNG key (raw uint32 key data, as exported executables take it, is wrapped)."""
+    return rng if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(rng)
+
+
+def _block_key(rng: jax.Array, block: int | jax.Array) -> jax.Array:
+    """The raw key data a session's step gets for its `block`-th block."""
+    return jax.random.key_data(jax.random.fold_in(rng, block))
+
+
 def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_frame: jax.Array):
     """(key, the block's initial noise, which frames are the chunk's frame 0, a function pinning
     those to the reference latent) for a block that starts at chunk frame `first_frame`."""
     ref = state["ref_latent"]
     b, f = control_bfhwc.shape[:2]
-    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.wrap_key_data(rng)  # raw uint32 key data (exported executables)
+    rng = _as_key(rng)
     noise = jax.random.normal(jax.random.fold_in(rng, 0), (b, f, *ref.shape[2:]), jnp.float32)
     pin_f = (first_frame + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
     return rng, noise, pin_f, lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)
@@ -259,11 +268,6 @@ class CausalStudent:
 
     def anchor(self, state: State, ref_latent_b1hwc: jax.Array) -> State:
         return self.anchor_fn(state, ref_latent_b1hwc)
-
-
-def _as_key(rng: jax.Array) -> jax.Array:
-    """A typed PRNG key (raw uint32 key data is wrapped)."""
-    return rng if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(rng)
 
 
 def check_step_inputs(cfg, ccfg: causal.CausalConfig, state: State, control_bfhwc: Any) -> None:
@@ -512,7 +516,7 @@ class StreamingSession:
         """The session's compiled programs for these shapes, lowered here (tracing holds the GIL)
         and each compiled on a thread of its own as soon as it is lowered (XLA compiles outside
         the GIL). One set per session shape, reused by later `start`s."""
-        key = jax.eval_shape(lambda r: jax.random.key_data(jax.random.fold_in(r, 0)), rng)
+        key = jax.eval_shape(_block_key, rng, 0)
         shape_key = (image_shape, ctx_shape, key.shape, key.dtype)
         cached = self._ahead.get(shape_key)
         if cached is not None and not any(f.done() and f.exception() is not None for f in cached.values()):
@@ -588,7 +592,7 @@ class StreamingSession:
         if self.chunk_pos == 0:  # pad to 4F: the chunk's frame 0 is read from index 3
             first = skel[:, :1] if self.chunks == 0 else self._last_skeleton
             skel = jnp.concatenate([jnp.repeat(first, 4, 1), skel[:, 1:] if self.chunks == 0 else skel], 1)
-        key = jax.random.key_data(jax.random.fold_in(self.rng, self.blocks))
+        key = _block_key(self.rng, self.blocks)
         exe = self._exe  # compiled ahead (errors of those compiles surface here)
         if not self.merge_clean_pass:
             rgb, self.state = exe["step"].result()(self.dit_params, self.codec_params, self.state, skel, key)
