@@ -204,6 +204,28 @@ def _block_key(rng: jax.Array, block: int | jax.Array) -> jax.Array:
     return jax.random.key_data(jax.random.fold_in(rng, block))
 
 
+# The session's small programs at block seams (`StreamingSession._executables` compiles them ahead
+# with the big ones, so no block waits for a first-use compile of an eager op).
+def _pad_session_first(skel_bthw3: jax.Array) -> jax.Array:
+    """The session's first block, 1 + 4(F−1) frames → 4F: its frame 0 repeated 4× (the chunk's
+    frame 0 is read at index 3)."""
+    return jnp.concatenate([jnp.repeat(skel_bthw3[:, :1], 4, 1), skel_bthw3[:, 1:]], 1)
+
+
+def _pad_chunk_first(last_b1hw3: jax.Array, skel_bthw3: jax.Array) -> jax.Array:
+    """A re-anchored chunk's first block, 4(F−1) frames → 4F: the previous block's last skeleton
+    frame stands for the anchor's."""
+    return jnp.concatenate([jnp.repeat(last_b1hw3, 4, 1), skel_bthw3], 1)
+
+
+def _seam_programs() -> dict[str, Callable]:
+    """name → jitted seam program; `_executables` lowers each for the session's shapes."""
+    return {"pad_session_first": jax.jit(_pad_session_first), "pad_chunk_first": jax.jit(_pad_chunk_first),
+            "last_frame": jax.jit(lambda x: x[:, -1:]), "block_key": jax.jit(_block_key),
+            # the first block's output: drop the decoder's padding (and, re-anchored, the repeated anchor)
+            "drop_3": jax.jit(lambda rgb: rgb[:, 3:]), "drop_4": jax.jit(lambda rgb: rgb[:, 4:])}
+
+
 def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_frame: jax.Array):
     """(key, the block's initial noise, which frames are the chunk's frame 0, a function pinning
     those to the reference latent) for a block that starts at chunk frame `first_frame`."""
@@ -489,8 +511,9 @@ class StreamingSession:
             self._step = jax.jit(make_stream_step(self.dit_graphdef, enc, dec, ccfg, scfg), donate_argnums=2,
                                  compiler_options=opts)
         self._anchor = jax.jit(make_stream_anchor(enc), donate_argnums=1)
+        self._seams = _seam_programs()
         # session shapes → the session's executables, compiled ahead (`compile`): "start", "step" or
-        # "step_first" + "step_after" (merged clean pass), "anchor"
+        # "step_first" + "step_after" (merged clean pass), "anchor", and the seam programs
         self._ahead: dict[Any, dict[str, concurrent.futures.Future]] = {}
         self.state: State | None = None
 
@@ -537,12 +560,20 @@ class StreamingSession:
             state = compile_("start", self._start, *params, image, f32(ctx_shape))
             if self.merge_clean_pass:
                 none = f32(())
-                _, state, clean = compile_("step_first", self._step_first, *params, state, skel, key, none, none)
+                rgb, state, clean = compile_("step_first", self._step_first, *params, state, skel, key, none, none)
                 compile_("step_after", self._step_after, *params, state, skel, key, *clean)
             else:
-                _, state = compile_("step", self._step, *params, state, skel, key)
-            if self.chunk_frames is not None:  # a session that never re-anchors needs no anchor program
+                rgb, state = compile_("step", self._step, *params, state, skel, key)
+            fpb, seams = self.ccfg.frames_per_block, self._seams
+            compile_("pad_session_first", seams["pad_session_first"], f32((b, 1 + 4 * (fpb - 1), h, w, 3)))
+            compile_("last_frame", seams["last_frame"], skel)
+            compile_("block_key", seams["block_key"], rng, jax.ShapeDtypeStruct((), jnp.int32))
+            compile_("drop_3", seams["drop_3"], rgb)
+            if self.chunk_frames is not None:  # a session that never re-anchors needs none of these
                 compile_("anchor", self._anchor, self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
+                compile_("pad_chunk_first", seams["pad_chunk_first"], f32((b, 1, h, w, 3)),
+                         f32((b, 4 * (fpb - 1), h, w, 3)))
+                compile_("drop_4", seams["drop_4"], rgb)
         finally:
             pool.shutdown(wait=False)
         self._ahead[shape_key] = futures
@@ -560,6 +591,7 @@ class StreamingSession:
         self._next_reference = None
         self.image_shape = tuple(image.shape)
         self._last_skeleton = None
+        self._zero_image = jax.device_put(np.zeros(self.image_shape, np.float32))  # the anchor's unused input
 
     @property
     def frames_needed(self) -> int:
@@ -589,32 +621,32 @@ class StreamingSession:
             raise ValueError("skeleton frames contain NaN or Inf")
         skel = jnp.asarray(skeleton_bthw3, jnp.float32)
         f = self.ccfg.frames_per_block
+        run = lambda name: self._exe[name].result()  # noqa: E731  (compiled ahead; their errors surface here)
         if self.chunk_pos == 0:  # pad to 4F: the chunk's frame 0 is read from index 3
-            first = skel[:, :1] if self.chunks == 0 else self._last_skeleton
-            skel = jnp.concatenate([jnp.repeat(first, 4, 1), skel[:, 1:] if self.chunks == 0 else skel], 1)
-        key = _block_key(self.rng, self.blocks)
-        exe = self._exe  # compiled ahead (errors of those compiles surface here)
+            skel = (run("pad_session_first")(skel) if self.chunks == 0 else
+                    run("pad_chunk_first")(self._last_skeleton, skel))
+        key = run("block_key")(self.rng, np.int32(self.blocks))
         if not self.merge_clean_pass:
-            rgb, self.state = exe["step"].result()(self.dit_params, self.codec_params, self.state, skel, key)
+            rgb, self.state = run("step")(self.dit_params, self.codec_params, self.state, skel, key)
         elif self.chunk_pos == 0:  # nothing pending: the cache is empty (a new chunk)
-            placeholder = jnp.zeros((), jnp.float32)
-            rgb, self.state, self._clean = exe["step_first"].result()(
+            placeholder = np.zeros((), np.float32)
+            rgb, self.state, self._clean = run("step_first")(
                 self.dit_params, self.codec_params, self.state, skel, key, placeholder, placeholder)
         else:
-            rgb, self.state, self._clean = exe["step_after"].result()(
+            rgb, self.state, self._clean = run("step_after")(
                 self.dit_params, self.codec_params, self.state, skel, key, *self._clean)
-        self._last_skeleton = skel[:, -1:]
+        self._last_skeleton = run("last_frame")(skel)
         self.blocks += 1
         self.chunk_pos += f
         if self.chunk_pos == f:  # first block: drop the decoder's padding (and a repeated anchor)
-            rgb = rgb[:, 3:] if self.chunks == 0 else rgb[:, 4:]
+            rgb = run("drop_3")(rgb) if self.chunks == 0 else run("drop_4")(rgb)
         return rgb
 
     def _reanchor(self) -> None:
         image = self._next_reference
         self._next_reference = None
         use_image = image is not None
-        image = image if use_image else jnp.zeros(self.image_shape, jnp.float32)  # ignored (use_image False)
+        image = image if use_image else self._zero_image  # ignored (use_image False)
         anchor = self._exe["anchor"].result()
-        self.state = anchor(self.codec_params, self.state, image, jnp.asarray(use_image))
+        self.state = anchor(self.codec_params, self.state, image, np.asarray(use_image))
         self.chunk_pos, self.chunks = 0, self.chunks + 1
