@@ -236,6 +236,7 @@ def test_streaming_session_reanchors(model):
     session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=1), chunk_frames=4)
     rng = np.random.default_rng(6)
     image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)  # latent 2×4
+    session.compile(image.shape)  # as at a server's boot: compiled, and each program run once on zeros
     session.start(image, rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32), jax.random.key(0))
     got, refs = [], []
     for i in range(6):  # 3 chunks of 2 blocks; the second boundary uses a supplied real frame
@@ -350,11 +351,16 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     assert all(j._cache_size() == 0 for j in jitted) and len(session._ahead) == 1
     assert set(session._exe) == {"start", "step_first", "step_after", "anchor"} | SEAMS
     # A new episode of the same shapes, through both re-anchors: not one compile, not even of an
-    # eager op at a block seam (the seams' small programs were compiled ahead too), same frames.
+    # eager op at a block seam (the seams' small programs were compiled ahead too), same frames,
+    # also with compile() (which runs every program once on zeros) called in the middle of it.
     key = jax.random.key(0)
     with backend_compiles() as compiles:
         session.start(image, ctx, key)
-        again = [np.asarray(session.step(s, reference if i == 3 else None)) for i, s in enumerate(skeletons)]
+        again = []
+        for i, s in enumerate(skeletons):
+            again.append(np.asarray(session.step(s, reference if i == 3 else None)))
+            if i == 1:
+                session.compile(image.shape)
     assert compiles == [] and len(session._ahead) == 1 and all(j._cache_size() == 0 for j in jitted)
     for got, want in zip(again, frames[True, True]):
         np.testing.assert_array_equal(got, want)
@@ -380,6 +386,7 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     rolling = streaming.StreamingSession(dit, vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
                                                                        policy="rolling"),
                                          streaming.StepConfig(num_steps=3, merge_clean_pass=True), chunk_frames=None)
+    rolling.compile(image.shape)
     rolling.start(image, ctx, jax.random.key(0))
     out = [np.asarray(rolling.step(s)) for s in (skeletons[0], skeletons[1], skeletons[3], skeletons[1])]
     assert set(rolling._exe) == {"start", "step_first", "step_after"} | SEAMS - {"pad_chunk_first", "drop_4"}

@@ -518,21 +518,49 @@ class StreamingSession:
         self.state: State | None = None
 
     def compile(self, image_shape_bhw3: tuple[int, ...], ctx_shape_bsk: tuple[int, ...] | None = None,
-                rng: jax.Array | None = None, *, wait: bool = True) -> None:
+                rng: jax.Array | None = None, *, wait: bool = True, run_once: bool = True) -> None:
         """Compile every executable a session of these shapes runs — start, the first block of a
-        chunk, the later blocks (merged clean pass) and the re-anchor — in parallel threads, so a
-        server pays all compilation at boot and the stream never stalls on a first use (compiled
-        on first use, the later-block step stalled block 2 for 29–45 s at 480×832 on an H200).
-        `start` calls it for shapes not compiled yet (without waiting: the first block then waits
-        only for the programs it runs). `ctx_shape_bsk` defaults to (B, text_len, text_dim);
-        `rng`: a key of the PRNG implementation `start` will get (default: the default one)."""
-        exe = self._executables(
-            tuple(image_shape_bhw3),
-            tuple(ctx_shape_bsk or (image_shape_bhw3[0], self.dit_cfg.text_len, self.dit_cfg.text_dim)),
-            jax.random.key(0) if rng is None else _as_key(rng))
+        chunk, the later blocks (merged clean pass), the re-anchor and the small programs at block
+        seams — in parallel threads, so a server pays all compilation at boot and the stream never
+        stalls on a first use (compiled on first use, the later-block step stalled block 2 for
+        29–45 s at 480×832 on an H200). `run_once` (with `wait`) then runs each of them once on
+        zeros: a program's first run loads its kernels and records its CUDA graphs (≈ 0.2–0.6 s per
+        big program there), which would otherwise land on the first and second blocks. The session's
+        own state is left alone. `start` compiles shapes not compiled yet (without waiting or
+        running: the first block then waits only for the programs it runs). `ctx_shape_bsk`
+        defaults to (B, text_len, text_dim); `rng`: a key of the PRNG implementation `start` will
+        get (default: the default one)."""
+        image_shape = tuple(image_shape_bhw3)
+        ctx_shape = tuple(ctx_shape_bsk or (image_shape[0], self.dit_cfg.text_len, self.dit_cfg.text_dim))
+        rng = jax.random.key(0) if rng is None else _as_key(rng)
+        exe = self._executables(image_shape, ctx_shape, rng)
         if wait:
             for future in exe.values():
                 future.result()
+            if run_once:
+                self._run_once({name: future.result() for name, future in exe.items()}, image_shape, ctx_shape, rng)
+
+    def _run_once(self, exe: dict[str, Any], image_shape: tuple[int, ...], ctx_shape: tuple[int, ...],
+                  rng: jax.Array) -> None:
+        """Every executable of `exe` run once, in a session's order, on zeros (outputs dropped)."""
+        b, h, w, _ = image_shape
+        fpb = self.ccfg.frames_per_block
+        zeros = lambda *shape: jax.device_put(np.zeros(shape, np.float32))  # noqa: E731  (no eager op to compile)
+        params = (self.dit_params, self.codec_params)
+        state = exe["start"](*params, zeros(*image_shape), zeros(*ctx_shape))
+        skel = exe["pad_session_first"](zeros(b, 1 + 4 * (fpb - 1), h, w, 3))
+        key = exe["block_key"](rng, np.int32(0))
+        if self.merge_clean_pass:
+            none = np.zeros((), np.float32)
+            rgb, state, clean = exe["step_first"](*params, state, skel, key, none, none)
+            rgb, state, clean = exe["step_after"](*params, state, skel, key, *clean)
+        else:
+            rgb, state = exe["step"](*params, state, skel, key)
+        outs = [exe["last_frame"](skel), exe["drop_3"](rgb)]
+        if self.chunk_frames is not None:
+            outs += [exe["pad_chunk_first"](outs[0], zeros(b, 4 * (fpb - 1), h, w, 3)), exe["drop_4"](rgb),
+                     exe["anchor"](self.codec_params, state, zeros(*image_shape), np.asarray(False))]
+        jax.block_until_ready(outs)
 
     def _executables(self, image_shape: tuple[int, ...], ctx_shape: tuple[int, ...], rng: jax.Array
                      ) -> dict[str, concurrent.futures.Future]:
