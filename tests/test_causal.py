@@ -256,6 +256,21 @@ def test_streaming_session_reanchors(model):
     assert len(session._ahead) == 1 and set(session._exe) == {"start", "step", "anchor"} | SEAMS
     with pytest.raises(ValueError, match="needs skeleton frames"):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
+    # Bad pixels fail before any device work and lose nothing: the block is then served as usual.
+    n, blocks = session.frames_needed, session.blocks
+    good = rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"must be RGB in \[-1, 1\]; got values up to 255"):
+        session.step(np.full(good.shape, 255, np.uint8))  # 8-bit frames passed as they are
+    nan = good.copy()
+    nan[0, 1, 2, 3, 0] = np.nan
+    with pytest.raises(ValueError, match="skeleton frames contain NaN or Inf"):
+        session.step(nan)
+    with pytest.raises(ValueError, match="next_reference frames must be RGB"):
+        session.step(good, (image + 1) * 127.5)
+    assert session.blocks == blocks and session.frames_needed == n
+    assert session.step(good).shape[1] == n and session.blocks == blocks + 1
+    with pytest.raises(ValueError, match="the start image must be RGB"):
+        session.start((image + 1) * 127.5, np.zeros((1, CFG.text_len, CFG.text_dim), np.float32), jax.random.key(0))
 
 
 @pytest.mark.parametrize("policy", ["full", "rolling"])

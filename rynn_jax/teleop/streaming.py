@@ -315,6 +315,19 @@ def _all_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(x).all()
 
 
+def check_frames(what: str, frames: Any) -> None:
+    """Host frames (numpy) must be finite RGB in [-1, 1], checked in one pass (an 8-bit frame
+    passed as is would otherwise stream garbage). Device arrays are taken as they are: checking
+    them would wait for the device."""
+    if isinstance(frames, np.ndarray) and frames.size:
+        peak = float(np.abs(frames).max())  # NaN propagates
+        if not np.isfinite(peak):
+            raise ValueError(f"{what} contain NaN or Inf")
+        if peak > 1.0 + 1e-3:
+            raise ValueError(f"{what} must be RGB in [-1, 1]; got values up to {peak:g} "
+                             "(8-bit frames: x / 127.5 - 1)")
+
+
 # --------------------------------------------------------------------------------------------------
 # Pixel level: streaming VAE around the step
 # --------------------------------------------------------------------------------------------------
@@ -608,6 +621,7 @@ class StreamingSession:
         return futures
 
     def start(self, image_bhw3: jax.Array, ctx_bsk: jax.Array, rng: jax.Array) -> None:
+        check_frames("the start image", image_bhw3)
         image, ctx = jnp.asarray(image_bhw3, jnp.float32), jnp.asarray(ctx_bsk, jnp.float32)
         if image.ndim != 4 or image.shape[-1] != 3 or ctx.ndim != 3 or ctx.shape[0] != image.shape[0]:
             raise ValueError(f"start wants an image (B, H, W, 3) and a text context (B, S, D); got "
@@ -639,14 +653,14 @@ class StreamingSession:
             if tuple(next_reference_bhw3.shape) != self.image_shape:
                 raise ValueError(f"next_reference must be one frame per session, {self.image_shape} like the "
                                  f"start image; got {tuple(next_reference_bhw3.shape)}")
+            check_frames("next_reference frames", next_reference_bhw3)
             self._next_reference = jnp.asarray(next_reference_bhw3, jnp.float32)
         if self._chunk_done:
             self._reanchor()
         want = (self.image_shape[0], self.frames_needed, *self.image_shape[1:])
         if tuple(skeleton_bthw3.shape) != want:
             raise ValueError(f"this block needs skeleton frames {want}, got {tuple(skeleton_bthw3.shape)}")
-        if isinstance(skeleton_bthw3, np.ndarray) and not np.isfinite(skeleton_bthw3).all():
-            raise ValueError("skeleton frames contain NaN or Inf")
+        check_frames("skeleton frames", skeleton_bthw3)
         skel = jnp.asarray(skeleton_bthw3, jnp.float32)
         f = self.ccfg.frames_per_block
         run = lambda name: self._exe[name].result()  # noqa: E731  (compiled ahead; their errors surface here)
