@@ -483,8 +483,10 @@ class StreamingSession:
     in one forward with the next block's first denoising pass (`make_deferred_step`; same frames,
     one executable for a chunk's first block and one for the rest).
 
-    Every program of a session is compiled ahead, all in parallel: `compile(shapes)` at boot, or
-    `start` for shapes it has not seen (then the first block waits only for its own programs).
+    Every program of a session is compiled ahead, all in parallel: `compile(shapes)` at boot (which
+    also runs each once, so no block waits after it), or `start` for shapes it has not seen (then
+    the first block waits only for its own programs). Host frames (numpy) are checked: finite, RGB
+    in [-1, 1].
 
     `vae` encodes (the skeleton frames, the references) and decodes; `decoder` / `encoder`, when
     given, replace it on that side, e.g. the tiny autoencoder `models.tae` (same latent space,
