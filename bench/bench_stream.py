@@ -9,8 +9,9 @@ Per batch size B (B sessions in lock step in one executable): time to first fram
 block, compilation included), per-block latency, and aggregate output FPS (generated video frames of
 all sessions per second of wall time, skeleton rendering included) over the chunks after the
 warm-up chunks. The render is compiled for each block length before any clock starts; with
-`--precompile` (`StreamingSession.compile` first, as a server at boot) no block compiles anything. Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact
-Wan2.2 VAE for the tiny autoencoder of the same latent space (models/tae.py) on that side.
+`--precompile` (`StreamingSession.compile` first, as a server at boot) no block compiles anything.
+Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact Wan2.2 VAE for the
+tiny autoencoder of the same latent space (models/tae.py) on that side.
 `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
@@ -197,7 +198,7 @@ def main() -> None:
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
-    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+    from rynn_jax.teleop.streaming import SERVING_STEPS, BlockFrames, StreamingSession
 
     cache_entries_at_start = None
     if a.compile_cache:
@@ -269,8 +270,7 @@ def main() -> None:
         # The render stands in for the operator's side: compiled for every block length (the session's
         # first block, later blocks, a re-anchored chunk's first block) before any clock starts, so the
         # block times are the session's own.
-        fpb = CausalConfig().frames_per_block
-        for n in sorted({1 + 4 * (fpb - 1), 4 * fpb, 4 * (fpb - 1)}):
+        for n in sorted(set(dataclasses.astuple(BlockFrames.of(CausalConfig().frames_per_block)))):
             render(jnp.asarray(joints[:n]), jnp.asarray(elbows[:n]), b).block_until_ready()
         precompile_s = {}
         if a.precompile:  # every program compiled before the session starts, as a server at boot

@@ -204,6 +204,18 @@ def _block_key(rng: jax.Array, block: int | jax.Array) -> jax.Array:
     return jax.random.key_data(jax.random.fold_in(rng, block))
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockFrames:
+    """Skeleton frames a block takes (= RGB frames it returns) for F latent frames per block."""
+    session_first: int  # the session's first block: 1 + 4(F−1)
+    chunk_first: int  # a re-anchored chunk's first block: 4(F−1) (its frame 0 is the anchor, already shown)
+    later: int  # every other block: 4F
+
+    @classmethod
+    def of(cls, frames_per_block: int) -> BlockFrames:
+        return cls(1 + 4 * (frames_per_block - 1), 4 * (frames_per_block - 1), 4 * frames_per_block)
+
+
 # The session's small programs at block seams (`StreamingSession._executables` compiles them ahead
 # with the big ones, so no block waits for a first-use compile of an eager op).
 def _pad_session_first(skel_bthw3: jax.Array) -> jax.Array:
@@ -320,9 +332,10 @@ def check_frames(what: str, frames: Any) -> None:
     passed as is would otherwise stream garbage). Device arrays are taken as they are: checking
     them would wait for the device."""
     if isinstance(frames, np.ndarray) and frames.size:
-        peak = float(np.abs(frames).max())  # NaN propagates
-        if not np.isfinite(peak):
+        lo, hi = float(frames.min()), float(frames.max())  # NaN propagates; no temporary array
+        if not (np.isfinite(lo) and np.isfinite(hi)):
             raise ValueError(f"{what} contain NaN or Inf")
+        peak = max(-lo, hi)
         if peak > 1.0 + 1e-3:
             raise ValueError(f"{what} must be RGB in [-1, 1]; got values up to {peak:g} "
                              "(8-bit frames: x / 127.5 - 1)")
@@ -550,20 +563,19 @@ class StreamingSession:
         rng = jax.random.key(0) if rng is None else _as_key(rng)
         exe = self._executables(image_shape, ctx_shape, rng)
         if wait:
-            for future in exe.values():
-                future.result()
+            compiled = {name: future.result() for name, future in exe.items()}  # a failed compile raises here
             if run_once:
-                self._run_once({name: future.result() for name, future in exe.items()}, image_shape, ctx_shape, rng)
+                self._run_once(compiled, image_shape, ctx_shape, rng)
 
     def _run_once(self, exe: dict[str, Any], image_shape: tuple[int, ...], ctx_shape: tuple[int, ...],
                   rng: jax.Array) -> None:
         """Every executable of `exe` run once, in a session's order, on zeros (outputs dropped)."""
         b, h, w, _ = image_shape
-        fpb = self.ccfg.frames_per_block
+        n = BlockFrames.of(self.ccfg.frames_per_block)
         zeros = lambda *shape: jax.device_put(np.zeros(shape, np.float32))  # noqa: E731  (no eager op to compile)
         params = (self.dit_params, self.codec_params)
         state = exe["start"](*params, zeros(*image_shape), zeros(*ctx_shape))
-        skel = exe["pad_session_first"](zeros(b, 1 + 4 * (fpb - 1), h, w, 3))
+        skel = exe["pad_session_first"](zeros(b, n.session_first, h, w, 3))
         key = exe["block_key"](rng, np.int32(0))
         if self.merge_clean_pass:
             none = np.zeros((), np.float32)
@@ -573,7 +585,7 @@ class StreamingSession:
             rgb, state = exe["step"](*params, state, skel, key)
         outs = [exe["last_frame"](skel), exe["drop_3"](rgb)]
         if self.chunk_frames is not None:
-            outs += [exe["pad_chunk_first"](outs[0], zeros(b, 4 * (fpb - 1), h, w, 3)), exe["drop_4"](rgb),
+            outs += [exe["pad_chunk_first"](outs[0], zeros(b, n.chunk_first, h, w, 3)), exe["drop_4"](rgb),
                      exe["anchor"](self.codec_params, state, zeros(*image_shape), np.asarray(False))]
         jax.block_until_ready(outs)
 
@@ -589,7 +601,8 @@ class StreamingSession:
             return cached  # (a set with a failed compile, e.g. out of memory, is built again)
         b, h, w, _ = image_shape
         f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-        image, skel = f32(image_shape), f32((b, 4 * self.ccfg.frames_per_block, h, w, 3))
+        n = BlockFrames.of(self.ccfg.frames_per_block)
+        image, skel = f32(image_shape), f32((b, n.later, h, w, 3))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="rynn-compile")
         futures: dict[str, concurrent.futures.Future] = {}
 
@@ -607,15 +620,15 @@ class StreamingSession:
                 compile_("step_after", self._step_after, *params, state, skel, key, *clean)
             else:
                 rgb, state = compile_("step", self._step, *params, state, skel, key)
-            fpb, seams = self.ccfg.frames_per_block, self._seams
-            compile_("pad_session_first", seams["pad_session_first"], f32((b, 1 + 4 * (fpb - 1), h, w, 3)))
+            seams = self._seams
+            compile_("pad_session_first", seams["pad_session_first"], f32((b, n.session_first, h, w, 3)))
             compile_("last_frame", seams["last_frame"], skel)
             compile_("block_key", seams["block_key"], rng, jax.ShapeDtypeStruct((), jnp.int32))
             compile_("drop_3", seams["drop_3"], rgb)
             if self.chunk_frames is not None:  # a session that never re-anchors needs none of these
                 compile_("anchor", self._anchor, self.codec_params, state, image, jax.ShapeDtypeStruct((), jnp.bool_))
                 compile_("pad_chunk_first", seams["pad_chunk_first"], f32((b, 1, h, w, 3)),
-                         f32((b, 4 * (fpb - 1), h, w, 3)))
+                         f32((b, n.chunk_first, h, w, 3)))
                 compile_("drop_4", seams["drop_4"], rgb)
         finally:
             pool.shutdown(wait=False)
@@ -639,10 +652,10 @@ class StreamingSession:
 
     @property
     def frames_needed(self) -> int:
-        f = self.ccfg.frames_per_block
+        n = BlockFrames.of(self.ccfg.frames_per_block)
         if self.chunk_pos > 0 and not self._chunk_done:
-            return 4 * f
-        return 1 + 4 * (f - 1) if self.chunks == 0 and self.chunk_pos == 0 else 4 * (f - 1)
+            return n.later
+        return n.session_first if self.chunks == 0 and self.chunk_pos == 0 else n.chunk_first
 
     @property
     def _chunk_done(self) -> bool:
