@@ -1,0 +1,230 @@
+"""Hopper implicit-GEMM kernel for the VAE's causal k_t×3×3 convs (Pallas Mosaic GPU), bf16 or FP8.
+
+Why: the exact Wan2.2 decoder is conv-bound (29.4 TFLOP per 480×832 chunk) and XLA emits no FP8
+convolution (docs/PERFORMANCE.md, "FP8 VAE convolutions"); FP8 tensor cores are the only way below
+its bf16 floor. Status: numerics checked on the CPU (interpret mode, bf16) and both dtypes lower for
+CUDA; **not yet timed on a GPU**, so nothing uses it by default (bench/bench_conv.py times it).
+
+The layout trick. Pad each frame to (H + kh − 1) rows × Wp columns (Wp a multiple of 8) and flatten
+(frame, row, column) into one pixel axis; stack the kw horizontal taps on channels (x3[p] = x[p],
+x[p+1], x[p+2]). Output pixel q on that padded grid then reads input row q + dt·S + dh·Wp for tap
+(dt, dh) (S = rows·Wp per frame): every tap is a constant row shift of one 2-D [pixels, kw·C]
+array. The conv is a GEMM whose K loop runs over (tap, channel block), each A tile a plain 2-D TMA
+box at a shifted row; outputs on pad rows/columns are computed and sliced away (≈ 3% at 240×416).
+The horizontal taps go on channels because Mosaic's TMA into tiled shared memory needs row offsets
+that are multiples of 8: dt·S and dh·Wp are, a shift by dw would not be.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvTiles:
+    """Work split of one CTA: two compute warpgroups of `tile_m` output pixels × `tile_n` channels
+    each (accumulators in registers: 64×256 f32 is the Hopper maximum), K in 128-byte steps."""
+    tile_m: int = 64
+    tile_n: int = 256
+    stages: int = 4  # TMA pipeline depth (shared memory: stages × 48 KB for the default tiles)
+    epi_n: int = 64  # output columns per epilogue store
+    num_sms: int = 132  # persistent grid size (H100/H200)
+
+    def tile_k(self, dtype: Any) -> int:
+        return 128 // jnp.dtype(dtype).itemsize  # one 128-byte swizzle row
+
+    @property
+    def cta_m(self) -> int:
+        return 2 * self.tile_m
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Static geometry of one call."""
+    batch: int
+    taps: tuple[int, int]  # (k_t, k_h): one A-row shift dt·frame + dh·row per tap, K order (dt, dh)
+    frame: int  # rows per padded frame (a multiple of 8)
+    row: int  # row pitch Wp (a multiple of 8)
+    rows_in: int  # input rows per batch item (flattened padded frames + zero tail)
+    rows_out: int  # output rows per batch item (a multiple of cta_m)
+
+
+def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool):
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    dtype, out_dtype = x_gmem.dtype, out_gmem.dtype
+    c = x_gmem.shape[1]
+    n_total = out_gmem.shape[1]
+    tile_m, tile_n, tile_k, cta_m = tiles.tile_m, tiles.tile_n, tiles.tile_k(dtype), tiles.cta_m
+    m_tiles, n_tiles = plan.rows_out // cta_m, n_total // tile_n
+    k_per_tap = c // tile_k
+    taps = plan.taps[0] * plan.taps[1]
+
+    def tiled(dt: Any, minor: int) -> tuple:
+        swizzle = plgpu.find_swizzle(minor * jnp.dtype(dt).itemsize * 8)
+        return plgpu.TilingTransform((8, swizzle // jnp.dtype(dt).itemsize)), plgpu.SwizzleTransform(swizzle)
+
+    def a_row(step: jax.Array) -> jax.Array:
+        tap = lax.div(step, jnp.int32(k_per_tap))  # non-negative: plain integer division
+        kh = jnp.int32(plan.taps[1])
+        # Written as multiples of frame and row so that Mosaic sees the offset is 8-aligned.
+        return lax.div(tap, kh) * plan.frame + lax.rem(tap, kh) * plan.row
+
+    def pipeline(body, context, a_base):
+        a_spec = plgpu.BlockSpec((pl.Element(cta_m), tile_k),
+                                 lambda k: (a_base + a_row(k), lax.rem(k, jnp.int32(k_per_tap))),
+                                 transforms=tiled(dtype, tile_k), memory_space=plgpu.SMEM)
+        # FP8 wgmma wants both operands K-major: FP8 weights are stored (N, K).
+        b_block, b_index = ((tile_n, tile_k), lambda k: (0, k)) if kmajor else ((tile_k, tile_n), lambda k: (k, 0))
+        b_spec = plgpu.BlockSpec(b_block, b_index, transforms=tiled(dtype, b_block[1]), memory_space=plgpu.SMEM)
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(taps * k_per_tap,), memory_registers=40, in_specs=[a_spec, b_spec], wg_axis="wg",
+            num_compute_wgs=2, max_concurrent_steps=tiles.stages, compute_context=context)
+
+    def weight_tile(n_idx):
+        cols = pl.ds(n_idx * tile_n, tile_n)
+        return w_gmem.at[cols, :] if kmajor else w_gmem.at[:, cols]
+
+    noop = lambda *_, **__: None  # noqa: E731
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=pipeline(noop, noop, 0).get_allocations(x_gmem, weight_tile(0)),
+        out_smem=plgpu.SMEM((2, 2, tile_m, tiles.epi_n), out_dtype, transforms=tiled(out_dtype, tiles.epi_n)),
+        collective_axes="wg",
+    )
+    def _scope(allocs, out_smem):
+        wg = lax.axis_index("wg")
+
+        @plgpu.nd_loop((plan.batch * m_tiles * n_tiles,), collective_axes="cluster_grid")
+        def _tile(info):
+            (lin,) = info.index
+            n_idx = lax.rem(lin, jnp.int32(n_tiles))  # N fastest: an A tile is reused from L2
+            bm = lax.div(lin, jnp.int32(n_tiles))
+            b, m_idx = lax.div(bm, jnp.int32(m_tiles)), lax.rem(bm, jnp.int32(m_tiles))
+            out_rows = pl.ds(b * plan.rows_out + m_idx * cta_m + wg * tile_m, tile_m)
+
+            def context(run):
+                @functools.partial(pl.run_scoped, acc=plgpu.ACC((tile_m, tile_n), jnp.float32))
+                def _acc(acc):
+                    run(acc)
+                    res = acc[...].astype(out_dtype)
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    for j in range(tile_n // tiles.epi_n):  # two store slots in flight
+                        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                        out_smem[wg, j % 2] = res[:, j * tiles.epi_n:(j + 1) * tiles.epi_n]
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(
+                            out_smem.at[wg, j % 2],
+                            out_gmem.at[out_rows, pl.ds(n_idx * tile_n + j * tiles.epi_n, tiles.epi_n)])
+
+            def body(_, a_smem, b_smem, acc):
+                rhs = plgpu.transpose_ref(b_smem, (1, 0)) if kmajor else b_smem
+                plgpu.wgmma(acc, a_smem.at[pl.ds(wg * tile_m, tile_m)], rhs)
+                plgpu.wgmma_wait(0)
+                return acc
+
+            pipeline(body, context, b * plan.rows_in + m_idx * cta_m)(x_gmem, weight_tile(n_idx),
+                                                                       allocations=allocs)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _conv_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, interpret: Any) -> jax.Array:
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    # FP8 weights go K-major (N, K) for the GPU; the CPU interpreter cannot transpose shared-memory
+    # tiles, so there they stay (K, N) (the only difference between the interpreted and real kernel).
+    kmajor = jnp.dtype(x_rows.dtype).itemsize == 1 and interpret is None
+    n = w.shape[0] if kmajor else w.shape[1]
+    kern = plgpu.kernel(
+        functools.partial(_kernel, plan=plan, tiles=tiles, kmajor=kmajor),
+        out_type=jax.ShapeDtypeStruct((plan.batch * plan.rows_out, n), jnp.bfloat16),
+        grid=(tiles.num_sms,), grid_names=("cluster_grid",),
+        num_threads=3, thread_name="wg",  # two compute warpgroups + one TMA producer
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret,
+    )
+    return kern(x_rows, w)
+
+
+def weight_scales(kernel_thwio: jax.Array) -> jax.Array:
+    """Per-output-channel FP8 scales: max |w| over (t, h, w, c_in) / 448."""
+    amax = jnp.max(jnp.abs(kernel_thwio.astype(jnp.float32)), axis=(0, 1, 2, 3))
+    return jnp.maximum(amax, 1e-12) / E4M3_MAX
+
+
+def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
+                dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
+                tiles: ConvTiles = ConvTiles(), interpret: Any = None) -> jax.Array:
+    """k_t×k_h×k_w conv over past ⧺ x: 'valid' in time, 'same' in space, stride 1, no bias.
+
+    x (B, T, H, W, C); past (B, k_t − 1, H, W, C) or None for k_t = 1; kernel (k_t, k_h, k_w, C, N).
+    dtype: bfloat16, or float8_e4m3fn (per-tensor activation scale `x_scale` — a calibrated
+    constant when serving, else max|x|/448 of this call — and per-output-channel weight scales).
+    Returns bf16 (B, T, H, W, N). `interpret`: Mosaic GPU interpret params, to run on a CPU.
+    """
+    b, t, h, w, c = x_bthwc.shape
+    kt, kh, kw, c_in, n = kernel_thwio.shape
+    fp8 = jnp.dtype(dtype).itemsize == 1
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn)):
+        raise ValueError(f"dtype must be bfloat16 or float8_e4m3fn, got {jnp.dtype(dtype)}")
+    if c_in != c or kh % 2 == 0 or kw % 2 == 0:
+        raise ValueError(f"kernel {kernel_thwio.shape} does not fit input {x_bthwc.shape} (odd k_h, k_w)")
+    if (kt == 1) != (past is None) or (past is not None and past.shape != (b, kt - 1, h, w, c)):
+        raise ValueError(f"past must be (B, k_t-1, H, W, C) = {(b, kt - 1, h, w, c)} (None when k_t = 1), "
+                         f"got {None if past is None else past.shape}")
+    if (kw * c) % tiles.tile_k(dtype) or n % tiles.tile_n or tiles.tile_n % tiles.epi_n:
+        raise ValueError(f"k_w·C = {kw * c} must be a multiple of {tiles.tile_k(dtype)} and N = {n} of "
+                         f"tile_n = {tiles.tile_n} (a multiple of epi_n = {tiles.epi_n})")
+    hp, wp = h + kh - 1, -(-(w + kw - 1) // 8) * 8  # row pitch a multiple of 8 (module docstring)
+    s = hp * wp
+    rows_out = -(-t * s // tiles.cta_m) * tiles.cta_m
+    rows_in = rows_out + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
+    plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out)
+
+    xx = x_bthwc if past is None else jnp.concatenate([past.astype(x_bthwc.dtype), x_bthwc], axis=1)
+    xx = jnp.pad(xx, ((0, 0), (0, 0), (kh // 2, kh // 2), (kw // 2, wp - w - kw // 2), (0, 0)))
+    xx = xx.reshape(b, (t + kt - 1) * s, c)
+    xx = jnp.pad(xx, ((0, 0), (0, rows_in + kw - 1 - xx.shape[1]), (0, 0)))
+    wk = kernel_thwio.reshape(kt * kh * kw * c, n)  # K order (dt, dh, dw, c) = taps, then stacked channels
+    if fp8:
+        sx = (jnp.max(jnp.abs(xx.astype(jnp.float32))) / E4M3_MAX if x_scale is None
+              else jnp.asarray(x_scale, jnp.float32))
+        sw = weight_scales(kernel_thwio)
+        xx = (xx.astype(jnp.float32) / sx).astype(dtype)
+        wk = (wk.astype(jnp.float32) / sw).astype(dtype)
+        wk = wk.T if interpret is None else wk  # see _conv_rows
+    else:
+        xx, wk = xx.astype(dtype), wk.astype(dtype)
+    x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
+    y = _conv_rows(x_rows.reshape(b * rows_in, kw * c), wk, plan, tiles, interpret)
+    if fp8:
+        y = (y.astype(jnp.float32) * (sx * sw)).astype(jnp.bfloat16)
+    return y.reshape(b, plan.rows_out, n)[:, :t * s].reshape(b, t, hp, wp, n)[:, :, :h, :w]
+
+
+def causal_conv_reference(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
+                          dtype: Any = jnp.float32, x_scale: jax.Array | float | None = None) -> jax.Array:
+    """The same conv with XLA in float32 after the same operand rounding as `causal_conv` (bf16, or
+    FP8 with its scales): the oracle for the kernel's numerics, runnable anywhere."""
+    xx = x_bthwc if past is None else jnp.concatenate([past, x_bthwc], axis=1)
+    xx, kk = xx.astype(jnp.float32), kernel_thwio.astype(jnp.float32)
+    if jnp.dtype(dtype).itemsize == 1:
+        sx = jnp.max(jnp.abs(xx)) / E4M3_MAX if x_scale is None else jnp.asarray(x_scale, jnp.float32)
+        sw = weight_scales(kernel_thwio)
+        xx = (xx / sx).astype(dtype).astype(jnp.float32) * sx
+        kk = (kk / sw).astype(dtype).astype(jnp.float32) * sw
+    elif jnp.dtype(dtype) != jnp.dtype(jnp.float32):
+        xx, kk = xx.astype(dtype).astype(jnp.float32), kk.astype(dtype).astype(jnp.float32)
+    kh, kw = kernel_thwio.shape[1:3]
+    return lax.conv_general_dilated(xx, kk, (1, 1, 1), ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)),
+                                    dimension_numbers=("NDHWC", "DHWIO", "NDHWC"), precision="highest")

@@ -1,0 +1,85 @@
+"""The Hopper implicit-GEMM causal conv (models/conv_kernel.py).
+
+On the CPU the kernel runs in Mosaic GPU's interpret mode (simulated warpgroups, TMA and wgmma) and
+is held to XLA's float32 conv of the same rounded operands; both dtypes are also lowered for CUDA,
+which runs Mosaic's own layout checks (e.g. the 8-row alignment of every TMA offset). The GPU test
+times nothing; bench/bench_conv.py does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rynn_jax.models import conv_kernel as ck
+
+SMALL = ck.ConvTiles(tile_m=64, tile_n=64, stages=2, epi_n=64, num_sms=2)
+
+
+def _interpret():
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams()
+
+
+def _case(b, t, h, w, c, n, kt, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(k[0], (b, t, h, w, c), jnp.float32)
+    past = jax.random.normal(k[1], (b, kt - 1, h, w, c), jnp.float32) if kt > 1 else None
+    wt = jax.random.normal(k[2], (kt, 3, 3, c, n), jnp.float32) / np.sqrt(kt * 9 * c)
+    return x, past, wt
+
+
+def rel_l2(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("b,t,h,w,c,n,kt", [
+    (1, 2, 6, 10, 128, 64, 3),  # two M tiles, the streaming case (2 cached frames)
+    (2, 1, 9, 14, 64, 128, 3),  # batch 2, two N tiles, k_w·C = 192 (three 64-channel steps per tap)
+    (1, 3, 5, 7, 128, 64, 1),  # k_t = 1: a per-frame 2-D 3×3 conv (the upsamplers')
+])
+def test_bf16_kernel_matches_xla_conv(b, t, h, w, c, n, kt):
+    x, past, wt = _case(b, t, h, w, c, n, kt)
+    y = ck.causal_conv(x, wt, past, dtype=jnp.bfloat16, tiles=SMALL, interpret=_interpret())
+    assert y.shape == (b, t, h, w, n) and y.dtype == jnp.bfloat16
+    rounded = ck.causal_conv_reference(x, wt, past, dtype=jnp.bfloat16)
+    # bf16 operands, f32 accumulation, bf16 output: only the output rounding (2^-9 rel.) remains
+    assert rel_l2(y, rounded) < 3e-3
+    # and a wrong tap order or shift would be far off (neighbouring pixels are uncorrelated here)
+    assert rel_l2(y, ck.causal_conv_reference(x, wt[::-1] if kt > 1 else wt[:, ::-1], past)) > 0.5
+
+
+def test_fp8_kernel_matches_rounded_reference():
+    x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
+    sx = float(jnp.max(jnp.abs(jnp.concatenate([past, x], 1)))) / ck.E4M3_MAX * 1.25  # a static scale
+    y = ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=sx, tiles=SMALL, interpret=_interpret())
+    rounded = ck.causal_conv_reference(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=sx)
+    exact = ck.causal_conv_reference(x, wt, past)
+    assert rel_l2(y, rounded) < 5e-3  # the kernel adds only bf16 output rounding to FP8 operands
+    # FP8 (3 mantissa bits) on both operands: a few percent off the exact conv, not more
+    assert 5e-3 < rel_l2(y, exact) < 0.08
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_lowers_for_hopper(dtype):
+    """Mosaic GPU lowering for CUDA (from a CPU-only machine) with the serving tiles: the TMA
+    boxes, shared-memory tiling/swizzle and the K-major FP8 weight layout are accepted."""
+    x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
+    f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01))
+    text = f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+def test_bad_shapes_are_refused():
+    x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
+    with pytest.raises(ValueError, match="past must be"):
+        ck.causal_conv(x, wt, None)
+    with pytest.raises(ValueError, match="past must be"):
+        ck.causal_conv(x, wt, past[:, :1])
+    with pytest.raises(ValueError, match="multiple of"):
+        ck.causal_conv(x, wt[..., :48], past, tiles=SMALL)  # N = 48 is no multiple of tile_n = 64
+    with pytest.raises(ValueError, match="bfloat16 or float8_e4m3fn"):
+        ck.causal_conv(x, wt, past, dtype=jnp.float16)
