@@ -83,3 +83,23 @@ def test_bad_shapes_are_refused():
         ck.causal_conv(x, wt[..., :48], past, tiles=SMALL)  # N = 48 is no multiple of tile_n = 64
     with pytest.raises(ValueError, match="bfloat16 or float8_e4m3fn"):
         ck.causal_conv(x, wt, past, dtype=jnp.float16)
+
+
+def test_bench_runs_and_checks_on_a_cpu(tmp_path):
+    """bench/bench_conv.py end to end on its tiny shape in interpret mode: the script a GPU session
+    will run times every variant and records passing checks (so device time is not lost to it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "conv.json"
+    res = subprocess.run([sys.executable, str(root / "bench" / "bench_conv.py"), "--smoke", "--out", str(out)],
+                         capture_output=True, text=True, cwd=root, timeout=600,
+                         env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    variants = {r["variant"] for r in rows["rows"] if "median_ms" in r}
+    assert {"xla fold2d bf16", "kernel bf16 m64n64s2", "kernel fp8 m64n64s2"} <= variants
+    assert rows["checks"] and all(c["ok"] for c in rows["checks"])

@@ -1,0 +1,134 @@
+"""The VAE decoder's big causal 3×3×3 convs: XLA (cuDNN, today's `fold2d` path) vs our Hopper
+implicit-GEMM kernel (models/conv_kernel.py) in bf16 and FP8, side by side in one process.
+
+    python bench/bench_conv.py --out bench/results/conv_kernel_h200.json
+    python bench/bench_conv.py --sweep --shapes 240x416x256      # a few tile configurations
+    python bench/bench_conv.py --smoke                            # CPU: a tiny shape, interpret mode
+
+Shapes are the 480×832 decoder's later-chunk convs (4 frames + 2 cached), which carry ≈ 85% of its
+29.4 TFLOP per chunk. Each variant is checked against XLA's float32 conv of the same rounded
+operands (bf16, or FP8 with the same scales); the FP8 rows also report the error against the exact
+conv. The FP8 activation scale is static (what a calibrated serving layer would use). Times are
+medians of wall time per call including each variant's operand preparation (padding, tap stacking,
+quantisation), which XLA fuses into one pass. Needs a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import Checks, time_ms, write_json  # noqa: E402
+
+SHAPES = {  # name: (frames, H, W, C_in, C_out) — decoder level, later streaming chunk
+    "240x416x256": (4, 240, 416, 256, 256),  # 5 of these per chunk + a 512→256 one
+    "120x208x512": (4, 120, 208, 512, 512),  # 5 + a 1024→512 one
+    "60x104x1024": (2, 60, 104, 1024, 1024),  # 6
+    "smoke": (2, 6, 10, 128, 64),  # --smoke only
+}
+
+
+def fold2d(x, past, kernel):
+    """Today's serving conv (vae._conv with conv_impl='fold2d'): time taps stacked on channels,
+    one cuDNN 2-D conv, bf16."""
+    import jax
+    import jax.numpy as jnp
+
+    t = x.shape[1]
+    xx = jnp.concatenate([past, x], axis=1)
+    stacked = jnp.concatenate([xx[:, i:i + t] for i in range(3)], axis=-1)
+    kt, kh, kw, c, n = kernel.shape
+    k2 = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, n)
+    y = jax.lax.conv_general_dilated(stacked.reshape(-1, *stacked.shape[2:]), k2, (1, 1), ((1, 1), (1, 1)),
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y.reshape(*x.shape[:2], *y.shape[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES)[:3])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sweep", action="store_true", help="also time other tile configurations")
+    p.add_argument("--smoke", action="store_true",
+                   help="the tiny 'smoke' shape in Mosaic GPU interpret mode, to check this script on a CPU")
+    p.add_argument("--out", default="bench/results/conv_kernel.json")
+    a = p.parse_args()
+    if a.smoke:
+        a.shapes, a.iters = ["smoke"], 1
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rynn_jax.models import conv_kernel as ck
+
+    interpret = None
+    if a.smoke:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+        interpret = InterpretGPUParams()
+    elif jax.default_backend() != "gpu":
+        raise SystemExit("bench_conv needs a Hopper GPU (or --smoke: interpret mode on a CPU)")
+    tile_sets = {"m64n256s4": ck.ConvTiles()}
+    if a.smoke:
+        tile_sets = {"m64n64s2": ck.ConvTiles(tile_n=64, stages=2, num_sms=2)}
+    if a.sweep:
+        tile_sets |= {"m64n256s3": ck.ConvTiles(stages=3), "m64n128s4": ck.ConvTiles(tile_n=128),
+                      "m128n128s4": ck.ConvTiles(tile_m=128, tile_n=128)}
+    checks, rows = Checks(), []
+    for name in a.shapes:
+        t, h, w, c, n = SHAPES[name]
+        k = jax.random.split(jax.random.key(0), 3)
+        x = jax.random.normal(k[0], (1, t, h, w, c), jnp.bfloat16)
+        past = jax.random.normal(k[1], (1, 2, h, w, c), jnp.bfloat16)
+        kern = (jax.random.normal(k[2], (3, 3, 3, c, n), jnp.float32) / np.sqrt(27 * c)).astype(jnp.bfloat16)
+        tflop = 2 * t * h * w * 27 * c * n / 1e12
+        sx = float(jnp.max(jnp.abs(jnp.concatenate([past, x], 1).astype(jnp.float32)))) / ck.E4M3_MAX
+        exact = jax.jit(ck.causal_conv_reference)(x, kern, past)
+
+        variants = {"xla fold2d bf16": (jax.jit(fold2d), jnp.bfloat16, None)}
+        for tag, tiles in tile_sets.items():
+            variants[f"kernel bf16 {tag}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
+                x, w, p, dtype=jnp.bfloat16, tiles=tiles, interpret=interpret)), jnp.bfloat16, None)
+            variants[f"kernel fp8 {tag}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
+                x, w, p, dtype=jnp.float8_e4m3fn, x_scale=sx, tiles=tiles, interpret=interpret)),
+                jnp.float8_e4m3fn, sx)
+        base = None
+        for label, (fn, dtype, scale) in variants.items():
+            try:
+                y = fn(x, past, kern)
+                jax.block_until_ready(y)
+            except Exception as e:  # noqa: BLE001 — a tile set may not fit shared memory: report, go on
+                print(f"{name} {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                rows.append(dict(shape=name, variant=label, error=f"{type(e).__name__}: {str(e)[:300]}"))
+                continue
+            if label.startswith("kernel"):
+                rounded = jax.jit(lambda x, p, w, d=dtype, s=scale: ck.causal_conv_reference(
+                    x, w, p, dtype=d, x_scale=s))(x, past, kern)
+                checks.finite(f"{name} {label}", y)
+                checks.close(f"{name} {label} vs XLA f32 of the same operands", y, rounded, 5e-3)
+            ms = statistics.median(time_ms(lambda: jax.block_until_ready(fn(x, past, kern)), 3, a.iters))
+            err = float(jnp.linalg.norm(y.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
+            base = ms if base is None else base
+            rows.append(dict(shape=name, variant=label, median_ms=ms, tflops=tflop / ms * 1e3,
+                             vs_xla=ms / base, rel_err_vs_exact=err))
+            print(f"{name:12s} {label:26s} {ms:8.3f} ms {tflop / ms * 1e3:7.0f} TFLOP/s "
+                  f"{ms / base:5.2f}x  err {err:.2e}", flush=True)
+        write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:], jax=jax.__version__,
+                               device=jax.devices()[0].device_kind))
+
+    print(f"\n{'shape':12s} {'variant':26s} {'median ms':>10s} {'TFLOP/s':>8s} {'vs XLA':>7s} {'err vs exact':>13s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:12s} {r['variant']:26s} {'failed':>10s}")
+        else:
+            print(f"{r['shape']:12s} {r['variant']:26s} {r['median_ms']:10.3f} {r['tflops']:8.0f} "
+                  f"{r['vs_xla']:7.2f} {r['rel_err_vs_exact']:13.2e}")
+    checks.exit_if_failed()
+
+
+if __name__ == "__main__":
+    main()
