@@ -103,3 +103,43 @@ def test_bench_runs_and_checks_on_a_cpu(tmp_path):
     variants = {r["variant"] for r in rows["rows"] if "median_ms" in r}
     assert {"xla fold2d bf16", "kernel bf16 m64n64s2", "kernel fp8 m64n64s2"} <= variants
     assert rows["checks"] and all(c["ok"] for c in rows["checks"])
+
+
+def test_vae_conv_impl_routes_through_the_kernel():
+    """WanVAEConfig.conv_impl="kernel_bf16": vae._conv sends the k×3×3 stride-1 convs it can to the
+    kernel (streaming with a cache, and 'valid' in time without one), the rest to fold2d. (FP8 in
+    the same place: next test — the interpreter cannot run its K-major weight tiles.)"""
+    impl = "kernel_bf16"
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: F401 — the interpret context below
+
+    from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
+    from rynn_jax.models import vae as V
+
+    cfg = V.WanVAEConfig.tiny(dtype="bfloat16", conv_impl=impl)
+    ref_cfg = V.WanVAEConfig.tiny(dtype="float32", conv_impl="3d")
+    x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
+    bias = jnp.linspace(-1, 1, 64)
+    tol = 5e-3
+    pad = ((1, 1), (1, 1))
+    with force_gpu_interpret_mode():
+        streamed = V._conv(x.astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad, past=past)
+        valid = V._conv(jnp.concatenate([past, x], 1).astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad)
+    want = V._conv(x, wt, bias, ref_cfg, pad_hw=pad, past=past)
+    assert streamed.shape == want.shape and rel_l2(streamed, want) < tol
+    assert rel_l2(valid, want) < tol
+    # channel counts off the kernel's tiles (N = 12) go to fold2d: same result as fold2d, no Mosaic call
+    odd = wt[..., :12]
+    got = V._conv(x.astype(jnp.bfloat16), odd, bias[:12], cfg, pad_hw=pad, past=past.astype(jnp.bfloat16))
+    fold = V._conv(x.astype(jnp.bfloat16), odd, bias[:12], V.WanVAEConfig.tiny(dtype="bfloat16"), pad_hw=pad,
+                   past=past.astype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(fold, np.float32))
+
+
+def test_vae_fp8_conv_impl_lowers_to_the_kernel():
+    from rynn_jax.models import vae as V
+
+    cfg = V.WanVAEConfig.tiny(dtype="bfloat16", conv_impl="kernel_fp8")
+    x, past, wt = _case(1, 2, 6, 10, 128, 128, 3)
+    f = jax.jit(lambda x, p, w: V._conv(x, w, jnp.zeros((w.shape[-1],)), cfg, pad_hw=((1, 1), (1, 1)), past=p))
+    assert "mosaic_gpu" in f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" not in f.trace(x, past, wt[..., :12]).lower(lowering_platforms=("cuda",)).as_text()

@@ -35,7 +35,7 @@ class ConvTiles:
     tile_n: int = 256
     stages: int = 4  # TMA pipeline depth (shared memory: stages × 48 KB for the default tiles)
     epi_n: int = 64  # output columns per epilogue store
-    num_sms: int = 132  # persistent grid size (H100/H200)
+    num_sms: int | None = None  # persistent grid size; None: the GPU's SM count (2 when interpreted)
 
     def tile_k(self, dtype: Any) -> int:
         return 128 // jnp.dtype(dtype).itemsize  # one 128-byte swizzle row
@@ -138,6 +138,13 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
+def _sm_count() -> int:
+    """Streaming multiprocessors of the default device (132 on an H100 SXM / H200); 2 where there
+    is no GPU (interpret mode simulates every CTA, so fewer is faster there)."""
+    device = jax.devices()[0]
+    return (getattr(device, "core_count", None) or 2) if device.platform == "gpu" else 2
+
+
 def _conv_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, interpret: Any) -> jax.Array:
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -145,15 +152,29 @@ def _conv_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, i
     # tiles, so there they stay (K, N) (the only difference between the interpreted and real kernel).
     kmajor = jnp.dtype(x_rows.dtype).itemsize == 1 and interpret is None
     n = w.shape[0] if kmajor else w.shape[1]
+    num_sms = tiles.num_sms or _sm_count()
     kern = plgpu.kernel(
         functools.partial(_kernel, plan=plan, tiles=tiles, kmajor=kmajor),
         out_type=jax.ShapeDtypeStruct((plan.batch * plan.rows_out, n), jnp.bfloat16),
-        grid=(tiles.num_sms,), grid_names=("cluster_grid",),
+        grid=(num_sms,), grid_names=("cluster_grid",),
         num_threads=3, thread_name="wg",  # two compute warpgroups + one TMA producer
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret,
     )
     return kern(x_rows, w)
+
+
+def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvTiles()) -> bool:
+    """Whether `causal_conv` takes this (k_t, k_h, k_w, C, N) kernel: odd k_h, k_w; k_w·C whole
+    128-byte steps; N a multiple of 64 (the output tile shrinks to 128 or 64 to fit)."""
+    kt, kh, kw, c, n = kernel_shape
+    return kh % 2 == 1 and kw % 2 == 1 and (kw * c) % tiles.tile_k(dtype) == 0 and n % 64 == 0
+
+
+def fitted_tiles(n: int, tiles: ConvTiles = ConvTiles()) -> ConvTiles:
+    """`tiles` with tile_n (and epi_n) cut to divide N: 256 → 128 → 64."""
+    tile_n = next(t for t in (tiles.tile_n, 128, 64) if t <= tiles.tile_n and n % t == 0)
+    return dataclasses.replace(tiles, tile_n=tile_n, epi_n=min(tiles.epi_n, tile_n))
 
 
 def weight_scales(kernel_thwio: jax.Array) -> jax.Array:

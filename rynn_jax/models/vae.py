@@ -59,7 +59,7 @@ Cache = dict[str, Any]
 # --------------------------------------------------------------------------------------------------
 
 
-ConvImpl = Literal["3d", "fold2d", "sum2d"]
+ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 
 
@@ -82,7 +82,9 @@ class WanVAEConfig:
     # "fold2d" the k_t input frames stacked on channels, one 2-D conv (bench_vae on an H200:
     # streaming decode 61.2 → 54.1 ms, encode 19.3 → 15.8 ms per chunk; also faster on CPU);
     # "3d" one 3-D conv; "sum2d" k_t 2-D convs summed in float32 (slowest). 1×1×1 convs are
-    # 2-D unless "3d".
+    # 2-D unless "3d". "kernel_bf16" / "kernel_fp8": our Hopper implicit-GEMM kernel
+    # (models/conv_kernel.py; Hopper GPUs only; FP8 scales: per call max|x|, per channel max|w|)
+    # for every k×3×3 stride-1 conv it takes, fold2d for the rest — not yet timed on a GPU.
     conv_impl: ConvImpl = "fold2d"
 
     def __post_init__(self):
@@ -168,6 +170,10 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
             dimension_numbers=_CONV_DIMS, precision=precision)
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
+    if cfg.conv_impl in ("kernel_bf16", "kernel_fp8"):
+        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw)
+        if y is not None:
+            return y + bias.astype(y.dtype)
     views = _time_views(past, x, kt)
     b, t = x.shape[0], views[0].shape[1]
 
@@ -185,6 +191,24 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
     return y + bias.astype(x.dtype)
+
+
+def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, cfg: WanVAEConfig,
+                 stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]]) -> jax.Array | None:
+    """The conv through models/conv_kernel.py, or None where that kernel does not apply (strides,
+    1×1 convs, channel counts off its tiles, fewer than k_t frames)."""
+    from rynn_jax.models import conv_kernel as ck
+
+    kt, kh, kw, _, c_out = kernel_thwio.shape
+    dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
+    frames = x.shape[1] + (0 if past is None else past.shape[1])
+    if (stride != (1, 1, 1) or kh == 1 or pad_hw != ((kh // 2, kh // 2), (kw // 2, kw // 2))
+            or not ck.supports(kernel_thwio.shape, dtype) or frames < kt):
+        return None
+    if past is None or past.shape[1] != kt - 1:  # 'valid' in time over past ⧺ x: split it as the kernel wants
+        xx = x if past is None else jnp.concatenate([past, x], axis=1)
+        past, x = (xx[:, :kt - 1] if kt > 1 else None), xx[:, kt - 1:]
+    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, tiles=ck.fitted_tiles(c_out))
 
 
 class CausalConv3d(nnx.Module):
