@@ -64,11 +64,14 @@ def test_fp8_kernel_matches_rounded_reference():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
-def test_lowers_for_hopper(dtype):
+@pytest.mark.parametrize("cluster_m", [False, True])
+def test_lowers_for_hopper(dtype, cluster_m):
     """Mosaic GPU lowering for CUDA (from a CPU-only machine) with the serving tiles: the TMA
-    boxes, shared-memory tiling/swizzle and the K-major FP8 weight layout are accepted."""
+    boxes, shared-memory tiling/swizzle, the K-major FP8 weight layout and the 2-CTA clusters
+    sharing weight tiles (which the interpreter cannot run) are accepted."""
     x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
-    f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01))
+    tiles = ck.ConvTiles(cluster_m=cluster_m, num_sms=132)
+    f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))
     text = f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
 

@@ -36,6 +36,12 @@ class ConvTiles:
     stages: int = 4  # TMA pipeline depth (shared memory: stages × 48 KB for the default tiles)
     epi_n: int = 64  # output columns per epilogue store
     num_sms: int | None = None  # persistent grid size; None: the GPU's SM count (2 when interpreted)
+    cluster_m: bool = False  # pairs of CTAs on neighbouring M tiles share (multicast) each weight tile
+
+    @property
+    def m_unit(self) -> int:
+        """Output rows per cluster step: the row count is padded to a multiple of it."""
+        return self.cta_m * (2 if self.cluster_m else 1)
 
     def tile_k(self, dtype: Any) -> int:
         return 128 // jnp.dtype(dtype).itemsize  # one 128-byte swizzle row
@@ -53,7 +59,7 @@ class _Plan:
     frame: int  # rows per padded frame (a multiple of 8)
     row: int  # row pitch Wp (a multiple of 8)
     rows_in: int  # input rows per batch item (flattened padded frames + zero tail)
-    rows_out: int  # output rows per batch item (a multiple of cta_m)
+    rows_out: int  # output rows per batch item (a multiple of the tiles' m_unit)
 
 
 def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool):
@@ -64,7 +70,9 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     c = x_gmem.shape[1]
     n_total = out_gmem.shape[1]
     tile_m, tile_n, tile_k, cta_m = tiles.tile_m, tiles.tile_n, tiles.tile_k(dtype), tiles.cta_m
+    clusters = 2 if tiles.cluster_m else 1
     m_tiles, n_tiles = plan.rows_out // cta_m, n_total // tile_n
+    m_units = m_tiles // clusters
     k_per_tap = c // tile_k
     taps = plan.taps[0] * plan.taps[1]
 
@@ -84,7 +92,8 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
                                  transforms=tiled(dtype, tile_k), memory_space=plgpu.SMEM)
         # FP8 wgmma wants both operands K-major: FP8 weights are stored (N, K).
         b_block, b_index = ((tile_n, tile_k), lambda k: (0, k)) if kmajor else ((tile_k, tile_n), lambda k: (k, 0))
-        b_spec = plgpu.BlockSpec(b_block, b_index, transforms=tiled(dtype, b_block[1]), memory_space=plgpu.SMEM)
+        b_spec = plgpu.BlockSpec(b_block, b_index, transforms=tiled(dtype, b_block[1]), memory_space=plgpu.SMEM,
+                                 collective_axes=("cluster",) if tiles.cluster_m else ())
         return plgpu.emit_pipeline_warp_specialized(
             body, grid=(taps * k_per_tap,), memory_registers=40, in_specs=[a_spec, b_spec], wg_axis="wg",
             num_compute_wgs=2, max_concurrent_steps=tiles.stages, compute_context=context)
@@ -103,13 +112,15 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     )
     def _scope(allocs, out_smem):
         wg = lax.axis_index("wg")
+        cta = lax.axis_index("cluster")
 
-        @plgpu.nd_loop((plan.batch * m_tiles * n_tiles,), collective_axes="cluster_grid")
+        @plgpu.nd_loop((plan.batch * m_units * n_tiles,), collective_axes="cluster_grid")
         def _tile(info):
             (lin,) = info.index
             n_idx = lax.rem(lin, jnp.int32(n_tiles))  # N fastest: an A tile is reused from L2
             bm = lax.div(lin, jnp.int32(n_tiles))
-            b, m_idx = lax.div(bm, jnp.int32(m_tiles)), lax.rem(bm, jnp.int32(m_tiles))
+            b, m_unit = lax.div(bm, jnp.int32(m_units)), lax.rem(bm, jnp.int32(m_units))
+            m_idx = m_unit * clusters + cta
             out_rows = pl.ds(b * plan.rows_out + m_idx * cta_m + wg * tile_m, tile_m)
 
             def context(run):
@@ -152,11 +163,12 @@ def _conv_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, i
     # tiles, so there they stay (K, N) (the only difference between the interpreted and real kernel).
     kmajor = jnp.dtype(x_rows.dtype).itemsize == 1 and interpret is None
     n = w.shape[0] if kmajor else w.shape[1]
+    clusters = 2 if tiles.cluster_m else 1
     num_sms = tiles.num_sms or _sm_count()
     kern = plgpu.kernel(
         functools.partial(_kernel, plan=plan, tiles=tiles, kmajor=kmajor),
         out_type=jax.ShapeDtypeStruct((plan.batch * plan.rows_out, n), jnp.bfloat16),
-        grid=(num_sms,), grid_names=("cluster_grid",),
+        grid=(num_sms // clusters,), grid_names=("cluster_grid",), cluster=(clusters,), cluster_names=("cluster",),
         num_threads=3, thread_name="wg",  # two compute warpgroups + one TMA producer
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret,
@@ -208,7 +220,7 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
                          f"tile_n = {tiles.tile_n} (a multiple of epi_n = {tiles.epi_n})")
     hp, wp = h + kh - 1, -(-(w + kw - 1) // 8) * 8  # row pitch a multiple of 8 (module docstring)
     s = hp * wp
-    rows_out = -(-t * s // tiles.cta_m) * tiles.cta_m
+    rows_out = -(-t * s // tiles.m_unit) * tiles.m_unit
     rows_in = rows_out + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
     plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out)
 
