@@ -192,7 +192,7 @@ def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
         k = (jax.random.normal(key, (3, 3, 3, c, c), jnp.float32) * 0.02).astype(jnp.bfloat16)
         bias = jnp.zeros((c,), jnp.bfloat16)
         flops = 2 * 27 * c * c * b * t * h * w
-        for impl in V.CONV_IMPLS:
+        for impl in V.conv_impls_for(jax.default_backend()):
             cfg = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
             f = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))
             f(x, k, bias).block_until_ready()
@@ -204,7 +204,7 @@ def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
         ref = jax.jit(lambda x, k, bias: V._conv(
             x, k, bias, V.WanVAEConfig.wan22(dtype="float32", conv_impl="3d"), pad_hw=((1, 1), (1, 1))))
         y_ref = ref(x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
-        for impl in V.CONV_IMPLS:
+        for impl in V.conv_impls_for(jax.default_backend()):
             cfg = V.WanVAEConfig.wan22(dtype="float32", conv_impl=impl)
             y = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))(
                 x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
@@ -387,7 +387,7 @@ def main() -> None:
 
     from rynn_jax.models import vae as V
 
-    impls = a.conv_impls or list(V.CONV_IMPLS)
+    impls = a.conv_impls or list(V.conv_impls_for(jax.default_backend()))
     result: dict = dict(backend=jax.default_backend(), jax=jax.__version__,
                         device=str(jax.devices()[0].device_kind), argv=sys.argv[1:])
     if "conv" in a.targets:

@@ -128,6 +128,10 @@ def test_vae_conv_impl_routes_through_the_kernel():
         streamed = V._conv(x.astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad, past=past)
         valid = V._conv(jnp.concatenate([past, x], 1).astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad)
     want = V._conv(x, wt, bias, ref_cfg, pad_hw=pad, past=past)
+    if jax.default_backend() != "gpu":  # outside interpret mode a CPU refuses it (Pallas's error)
+        with pytest.raises(ValueError, match="interpret mode"):
+            V._conv(x.astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad, past=past)
+        assert impl not in V.conv_impls_for("cpu") and impl in V.conv_impls_for("gpu")
     assert streamed.shape == want.shape and rel_l2(streamed, want) < tol
     assert rel_l2(valid, want) < tol
     # channel counts off the kernel's tiles (N = 12) go to fold2d: same result as fold2d, no Mosaic call

@@ -61,6 +61,12 @@ Cache = dict[str, Any]
 
 ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
+KERNEL_CONV_IMPLS = ("kernel_bf16", "kernel_fp8")  # models/conv_kernel.py: Hopper GPUs only
+
+
+def conv_impls_for(backend: str) -> tuple[str, ...]:
+    """The conv_impl values that run on `backend` (jax.default_backend())."""
+    return CONV_IMPLS if backend == "gpu" else tuple(i for i in CONV_IMPLS if i not in KERNEL_CONV_IMPLS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,7 +176,7 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
             dimension_numbers=_CONV_DIMS, precision=precision)
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
-    if cfg.conv_impl in ("kernel_bf16", "kernel_fp8"):
+    if cfg.conv_impl in KERNEL_CONV_IMPLS:
         y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw)
         if y is not None:
             return y + bias.astype(y.dtype)
