@@ -2,8 +2,9 @@
 
 Why: the exact Wan2.2 decoder is conv-bound (29.4 TFLOP per 480×832 chunk) and XLA emits no FP8
 convolution (docs/PERFORMANCE.md, "FP8 VAE convolutions"); FP8 tensor cores are the only way below
-its bf16 floor. Status: numerics checked on the CPU (interpret mode, bf16) and both dtypes lower for
-CUDA; **not yet timed on a GPU**, so nothing uses it by default (bench/bench_conv.py times it).
+its bf16 floor. Status: numerics checked on the CPU in Mosaic GPU's interpret mode (bf16, and FP8
+with (K, N) weights, see _conv_rows) and both dtypes lower for CUDA; **not yet timed on a GPU**, so
+nothing uses it by default (WanVAEConfig.conv_impl="kernel_*" opts in; bench/bench_conv.py times it).
 
 The layout trick. Pad each frame to (H + kh − 1) rows × Wp columns (Wp a multiple of 8) and flatten
 (frame, row, column) into one pixel axis; stack the kw horizontal taps on channels (x3[p] = x[p],
