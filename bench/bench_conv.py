@@ -76,7 +76,8 @@ def main() -> None:
     if a.smoke:
         tile_sets = {"m64n64s2": ck.ConvTiles(tile_n=64, stages=2, num_sms=2)}
     if a.sweep:
-        tile_sets |= {"m64n256s4c2": ck.ConvTiles(cluster_m=True), "m64n256s3": ck.ConvTiles(stages=3),
+        tile_sets |= {"m64n256s4c2": ck.ConvTiles(cluster_m=True), "m64n256s4o1": ck.ConvTiles(overlap=1),
+                      "m64n256s3": ck.ConvTiles(stages=3),
                       "m64n128s4": ck.ConvTiles(tile_n=128), "m128n128s4": ck.ConvTiles(tile_m=128, tile_n=128)}
     checks, rows = Checks(), []
     for name in a.shapes:

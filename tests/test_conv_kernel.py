@@ -8,6 +8,8 @@ times nothing; bench/bench_conv.py does.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,14 +38,15 @@ def rel_l2(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("b,t,h,w,c,n,kt", [
-    (1, 2, 6, 10, 128, 64, 3),  # two M tiles, the streaming case (2 cached frames)
-    (2, 1, 9, 14, 64, 128, 3),  # batch 2, two N tiles, k_w·C = 192 (three 64-channel steps per tap)
-    (1, 3, 5, 7, 128, 64, 1),  # k_t = 1: a per-frame 2-D 3×3 conv (the upsamplers')
+@pytest.mark.parametrize("b,t,h,w,c,n,kt,overlap", [
+    (1, 2, 6, 10, 128, 64, 3, 0),  # two M tiles, the streaming case (2 cached frames)
+    (2, 1, 9, 14, 64, 128, 3, 1),  # batch 2, two N tiles, k_w·C = 192; slots released a step late
+    (1, 3, 5, 7, 128, 64, 1, 0),  # k_t = 1: a per-frame 2-D 3×3 conv (the upsamplers')
 ])
-def test_bf16_kernel_matches_xla_conv(b, t, h, w, c, n, kt):
+def test_bf16_kernel_matches_xla_conv(b, t, h, w, c, n, kt, overlap):
     x, past, wt = _case(b, t, h, w, c, n, kt)
-    y = ck.causal_conv(x, wt, past, dtype=jnp.bfloat16, tiles=SMALL, interpret=_interpret())
+    tiles = dataclasses.replace(SMALL, overlap=overlap)
+    y = ck.causal_conv(x, wt, past, dtype=jnp.bfloat16, tiles=tiles, interpret=_interpret())
     assert y.shape == (b, t, h, w, n) and y.dtype == jnp.bfloat16
     rounded = ck.causal_conv_reference(x, wt, past, dtype=jnp.bfloat16)
     # bf16 operands, f32 accumulation, bf16 output: only the output rounding (2^-9 rel.) remains
@@ -64,13 +67,13 @@ def test_fp8_kernel_matches_rounded_reference():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("cluster_m", [False, True])
-def test_lowers_for_hopper(dtype, cluster_m):
+@pytest.mark.parametrize("cluster_m,overlap", [(False, 0), (True, 1)])
+def test_lowers_for_hopper(dtype, cluster_m, overlap):
     """Mosaic GPU lowering for CUDA (from a CPU-only machine) with the serving tiles: the TMA
-    boxes, shared-memory tiling/swizzle, the K-major FP8 weight layout and the 2-CTA clusters
-    sharing weight tiles (which the interpreter cannot run) are accepted."""
+    boxes, shared-memory tiling/swizzle, the K-major FP8 weight layout, the 2-CTA clusters sharing
+    weight tiles (which the interpreter cannot run) and late slot release are accepted."""
     x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
-    tiles = ck.ConvTiles(cluster_m=cluster_m, num_sms=132)
+    tiles = ck.ConvTiles(cluster_m=cluster_m, overlap=overlap, num_sms=132)
     f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))
     text = f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text

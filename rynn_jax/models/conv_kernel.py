@@ -38,6 +38,7 @@ class ConvTiles:
     epi_n: int = 64  # output columns per epilogue store
     num_sms: int | None = None  # persistent grid size; None: the GPU's SM count (2 when interpreted)
     cluster_m: bool = False  # pairs of CTAs on neighbouring M tiles share (multicast) each weight tile
+    overlap: int = 0  # wgmma groups left in flight per step (slots released that many steps late)
 
     @property
     def m_unit(self) -> int:
@@ -90,11 +91,13 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     def pipeline(body, context, a_base):
         a_spec = plgpu.BlockSpec((pl.Element(cta_m), tile_k),
                                  lambda k: (a_base + a_row(k), lax.rem(k, jnp.int32(k_per_tap))),
-                                 transforms=tiled(dtype, tile_k), memory_space=plgpu.SMEM)
+                                 transforms=tiled(dtype, tile_k), memory_space=plgpu.SMEM,
+                                 delay_release=tiles.overlap)
         # FP8 wgmma wants both operands K-major: FP8 weights are stored (N, K).
         b_block, b_index = ((tile_n, tile_k), lambda k: (0, k)) if kmajor else ((tile_k, tile_n), lambda k: (k, 0))
         b_spec = plgpu.BlockSpec(b_block, b_index, transforms=tiled(dtype, b_block[1]), memory_space=plgpu.SMEM,
-                                 collective_axes=("cluster",) if tiles.cluster_m else ())
+                                 collective_axes=("cluster",) if tiles.cluster_m else (),
+                                 delay_release=tiles.overlap)
         return plgpu.emit_pipeline_warp_specialized(
             body, grid=(taps * k_per_tap,), memory_registers=40, in_specs=[a_spec, b_spec], wg_axis="wg",
             num_compute_wgs=2, max_concurrent_steps=tiles.stages, compute_context=context)
@@ -141,7 +144,7 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
             def body(_, a_smem, b_smem, acc):
                 rhs = plgpu.transpose_ref(b_smem, (1, 0)) if kmajor else b_smem
                 plgpu.wgmma(acc, a_smem.at[pl.ds(wg * tile_m, tile_m)], rhs)
-                plgpu.wgmma_wait(0)
+                plgpu.wgmma_wait(tiles.overlap)  # reading acc after the loop waits for the rest
                 return acc
 
             pipeline(body, context, b * plan.rows_in + m_idx * cta_m)(x_gmem, weight_tile(n_idx),
