@@ -5,6 +5,9 @@ implicit-GEMM kernel (models/conv_kernel.py) in bf16 and FP8, side by side in on
     python bench/bench_conv.py --sweep --shapes 240x416x256      # a few tile configurations
     python bench/bench_conv.py --smoke                            # CPU: a tiny shape, interpret mode
 
+A first GPU run of a new kernel may hang; run it under `timeout`: the JSON is rewritten before
+every variant, and each variant prints a line before it compiles.
+
 Shapes are the 480×832 decoder's later-chunk convs (4 frames + 2 cached), which carry ≈ 85% of its
 29.4 TFLOP per chunk. Each variant is checked against XLA's float32 conv of the same rounded
 operands (bf16, or FP8 with the same scales); the FP8 rows also report the error against the exact
@@ -80,6 +83,10 @@ def main() -> None:
                       "m64n256s3": ck.ConvTiles(stages=3),
                       "m64n128s4": ck.ConvTiles(tile_n=128), "m128n128s4": ck.ConvTiles(tile_m=128, tile_n=128)}
     checks, rows = Checks(), []
+
+    def save() -> None:
+        write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:], jax=jax.__version__,
+                               device=jax.devices()[0].device_kind))
     for name in a.shapes:
         t, h, w, c, n = SHAPES[name]
         k = jax.random.split(jax.random.key(0), 3)
@@ -99,6 +106,8 @@ def main() -> None:
                 jnp.float8_e4m3fn, sx)
         base = None
         for label, (fn, dtype, scale) in variants.items():
+            save()  # after every variant: a hang (run under `timeout`) keeps what came before
+            print(f"{name} {label}: compiling", flush=True)
             try:
                 y = fn(x, past, kern)
                 jax.block_until_ready(y)
@@ -118,8 +127,7 @@ def main() -> None:
                              vs_xla=ms / base, rel_err_vs_exact=err))
             print(f"{name:12s} {label:26s} {ms:8.3f} ms {tflop / ms * 1e3:7.0f} TFLOP/s "
                   f"{ms / base:5.2f}x  err {err:.2e}", flush=True)
-        write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:], jax=jax.__version__,
-                               device=jax.devices()[0].device_kind))
+    save()
 
     print(f"\n{'shape':12s} {'variant':26s} {'median ms':>10s} {'TFLOP/s':>8s} {'vs XLA':>7s} {'err vs exact':>13s}")
     for r in rows:
