@@ -68,6 +68,7 @@ def main() -> None:
     import numpy as np
 
     from rynn_jax.models import conv_kernel as ck
+    from rynn_jax.models.fp8 import FP8_MAX
 
     interpret = None
     if a.smoke:
@@ -94,7 +95,7 @@ def main() -> None:
         past = jax.random.normal(k[1], (1, 2, h, w, c), jnp.bfloat16)
         kern = (jax.random.normal(k[2], (3, 3, 3, c, n), jnp.float32) / np.sqrt(27 * c)).astype(jnp.bfloat16)
         tflop = 2 * t * h * w * 27 * c * n / 1e12
-        sx = float(jnp.max(jnp.abs(jnp.concatenate([past, x], 1).astype(jnp.float32)))) / ck.E4M3_MAX
+        sx = float(jnp.max(jnp.abs(jnp.concatenate([past, x], 1).astype(jnp.float32)))) / FP8_MAX
         exact = jax.jit(ck.causal_conv_reference)(x, kern, past)
 
         variants = {"xla fold2d bf16": (jax.jit(fold2d), jnp.bfloat16, None)}

@@ -126,8 +126,8 @@ def _fp8_conv_rows(x: jax.Array, k: jax.Array, bias: jax.Array, flops: float, it
     shape = [x.shape[0], x.shape[1] - 2, *x.shape[2:]]  # output frames, as the bf16 rows
 
     def quant(a):  # per-tensor: one scalar scale, the only form the cuDNN FP8 conv takes
-        s = fp8_lib._scale(jnp.max(jnp.abs(a.astype(jnp.float32))))
-        return fp8_lib._to_fp8(a, s), s
+        s = fp8_lib.amax_scale(jnp.max(jnp.abs(a.astype(jnp.float32))))
+        return fp8_lib.to_fp8(a, s), s
 
     def conv(x8, sx, k8, sk, bias, impl):
         kt, kh, kw, ci, co = k8.shape

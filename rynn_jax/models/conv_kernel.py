@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+from rynn_jax.models import fp8 as fp8_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,12 +193,6 @@ def fitted_tiles(n: int, tiles: ConvTiles = ConvTiles()) -> ConvTiles:
     return dataclasses.replace(tiles, tile_n=tile_n, epi_n=min(tiles.epi_n, tile_n))
 
 
-def weight_scales(kernel_thwio: jax.Array) -> jax.Array:
-    """Per-output-channel FP8 scales: max |w| over (t, h, w, c_in) / 448."""
-    amax = jnp.max(jnp.abs(kernel_thwio.astype(jnp.float32)), axis=(0, 1, 2, 3))
-    return jnp.maximum(amax, 1e-12) / E4M3_MAX
-
-
 def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
                 dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
                 tiles: ConvTiles = ConvTiles(), interpret: Any = None) -> jax.Array:
@@ -233,12 +227,11 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
     xx = xx.reshape(b, (t + kt - 1) * s, c)
     xx = jnp.pad(xx, ((0, 0), (0, rows_in + kw - 1 - xx.shape[1]), (0, 0)))
     wk = kernel_thwio.reshape(kt * kh * kw * c, n)  # K order (dt, dh, dw, c) = taps, then stacked channels
-    if fp8:
-        sx = (jnp.max(jnp.abs(xx.astype(jnp.float32))) / E4M3_MAX if x_scale is None
+    if fp8:  # the DiT's FP8 scaling (models/fp8.py): saturating at ±448, per-output-channel weights
+        sx = (fp8_lib.amax_scale(jnp.max(jnp.abs(xx.astype(jnp.float32)))) if x_scale is None
               else jnp.asarray(x_scale, jnp.float32))
-        sw = weight_scales(kernel_thwio)
-        xx = (xx.astype(jnp.float32) / sx).astype(dtype)
-        wk = (wk.astype(jnp.float32) / sw).astype(dtype)
+        xx = fp8_lib.to_fp8(xx, sx)
+        wk, sw = fp8_lib.quantize_weight(wk)
         wk = wk.T if interpret is None else wk  # see _conv_rows
     else:
         xx, wk = xx.astype(dtype), wk.astype(dtype)
@@ -256,10 +249,10 @@ def causal_conv_reference(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax
     xx = x_bthwc if past is None else jnp.concatenate([past, x_bthwc], axis=1)
     xx, kk = xx.astype(jnp.float32), kernel_thwio.astype(jnp.float32)
     if jnp.dtype(dtype).itemsize == 1:
-        sx = jnp.max(jnp.abs(xx)) / E4M3_MAX if x_scale is None else jnp.asarray(x_scale, jnp.float32)
-        sw = weight_scales(kernel_thwio)
-        xx = (xx / sx).astype(dtype).astype(jnp.float32) * sx
-        kk = (kk / sw).astype(dtype).astype(jnp.float32) * sw
+        sx = fp8_lib.amax_scale(jnp.max(jnp.abs(xx))) if x_scale is None else jnp.asarray(x_scale, jnp.float32)
+        xx = fp8_lib.to_fp8(xx, sx).astype(jnp.float32) * sx
+        w_f8, sw = fp8_lib.quantize_weight(kk.reshape(-1, kk.shape[-1]))
+        kk = (w_f8.astype(jnp.float32) * sw).reshape(kk.shape)
     elif jnp.dtype(dtype) != jnp.dtype(jnp.float32):
         xx, kk = xx.astype(dtype).astype(jnp.float32), kk.astype(dtype).astype(jnp.float32)
     kh, kw = kernel_thwio.shape[1:3]

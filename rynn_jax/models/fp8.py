@@ -44,7 +44,7 @@ def compiler_options(cfg: WanDiTConfig) -> dict | None:
     return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 
 
-def _scale(amax: jax.Array) -> jax.Array:
+def amax_scale(amax: jax.Array) -> jax.Array:
     """amax / 448, with all-zero rows/channels given scale 1 (their FP8 values are 0 anyway).
 
     Written as a multiply by float32(1/448), which is what XLA turns a division by the constant
@@ -53,7 +53,7 @@ def _scale(amax: jax.Array) -> jax.Array:
     return jnp.where(amax > 0, amax * jnp.float32(1.0 / FP8_MAX), jnp.float32(1.0))
 
 
-def _to_fp8(x: jax.Array, scale: jax.Array) -> jax.Array:
+def to_fp8(x: jax.Array, scale: jax.Array) -> jax.Array:
     # x/scale is within ±448 up to rounding; the clip makes that exact (e4m3fn has no inf, and an
     # out-of-range convert would give NaN).
     return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
@@ -64,8 +64,8 @@ def quantize_weight(w_io: jax.Array) -> tuple[jax.Array, jax.Array]:
 
     Returns (w_f8 (..., in, out), scale (..., out) float32) with w ≈ w_f8 · scale[..., None, :].
     Leading axes (the stacked 'layers' axis) are handled independently."""
-    scale_o = _scale(jnp.max(jnp.abs(w_io.astype(jnp.float32)), axis=-2))
-    return _to_fp8(w_io, scale_o[..., None, :]), scale_o
+    scale_o = amax_scale(jnp.max(jnp.abs(w_io.astype(jnp.float32)), axis=-2))
+    return to_fp8(w_io, scale_o[..., None, :]), scale_o
 
 
 def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_dtype,
@@ -85,10 +85,10 @@ def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_d
     """
     out_dtype = jnp.dtype(out_dtype)
     if x_scale is None:
-        x_scale = _scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
+        x_scale = amax_scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
     else:
         x_scale = x_scale.astype(jnp.float32)
-    x_f8 = _to_fp8(x_bli, x_scale)
+    x_f8 = to_fp8(x_bli, x_scale)
     y = jax.lax.dot_general(x_f8, w_f8_oi, (((x_f8.ndim - 1,), (1,)), ((), ())),
                             preferred_element_type=out_dtype)
     return (y.astype(jnp.float32) * (x_scale * w_scale_o.astype(jnp.float32))).astype(out_dtype)
@@ -237,7 +237,7 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     per_layer: dict[str, list[float]] = {}
     for path, a in sorted(amax.items(), key=lambda kv: kv[0][1]):
         per_layer.setdefault(dotted((path[0], *path[2:], "input_scale")), []).append(a)
-    scales = {name: np.asarray(_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))  # (layers, 1)
+    scales = {name: np.asarray(amax_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))  # (layers, 1)
               for name, a in per_layer.items()}
     return with_static_scales(model, scales)
 
