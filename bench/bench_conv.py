@@ -35,22 +35,6 @@ SHAPES = {  # name: (frames, H, W, C_in, C_out) — decoder level, later streami
 }
 
 
-def fold2d(x, past, kernel):
-    """Today's serving conv (vae._conv with conv_impl='fold2d'): time taps stacked on channels,
-    one cuDNN 2-D conv, bf16."""
-    import jax
-    import jax.numpy as jnp
-
-    t = x.shape[1]
-    xx = jnp.concatenate([past, x], axis=1)
-    stacked = jnp.concatenate([xx[:, i:i + t] for i in range(3)], axis=-1)
-    kt, kh, kw, c, n = kernel.shape
-    k2 = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, n)
-    y = jax.lax.conv_general_dilated(stacked.reshape(-1, *stacked.shape[2:]), k2, (1, 1), ((1, 1), (1, 1)),
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    return y.reshape(*x.shape[:2], *y.shape[1:])
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES)[:3])
@@ -68,6 +52,7 @@ def main() -> None:
     import numpy as np
 
     from rynn_jax.models import conv_kernel as ck
+    from rynn_jax.models import vae as V
     from rynn_jax.models.fp8 import FP8_MAX
 
     interpret = None
@@ -98,7 +83,11 @@ def main() -> None:
         sx = float(jnp.max(jnp.abs(jnp.concatenate([past, x], 1).astype(jnp.float32)))) / FP8_MAX
         exact = jax.jit(ck.causal_conv_reference)(x, kern, past)
 
-        variants = {"xla fold2d bf16": (jax.jit(fold2d), jnp.bfloat16, None)}
+        # today's serving conv itself (vae._conv, conv_impl="fold2d"), bias zero
+        serving = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl="fold2d")
+        fold2d = jax.jit(lambda x, p, w: V._conv(x, w, jnp.zeros((w.shape[-1],), w.dtype), serving,
+                                                 pad_hw=((1, 1), (1, 1)), past=p))
+        variants = {"xla fold2d bf16": (fold2d, jnp.bfloat16, None)}
         for tag, tiles in tile_sets.items():
             variants[f"kernel bf16 {tag}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
                 x, w, p, dtype=jnp.bfloat16, tiles=tiles, interpret=interpret)), jnp.bfloat16, None)
