@@ -66,8 +66,10 @@ def main() -> None:
         tile_sets = {"m64n64s2": ck.ConvTiles(tile_n=64, stages=2, num_sms=2)}
     if a.sweep:
         tile_sets |= {"m64n256s4c2": ck.ConvTiles(cluster_m=True), "m64n256s4o1": ck.ConvTiles(overlap=1),
-                      "m64n256s3": ck.ConvTiles(stages=3),
-                      "m64n128s4": ck.ConvTiles(tile_n=128), "m128n128s4": ck.ConvTiles(tile_m=128, tile_n=128)}
+                      "m64n256s3": ck.ConvTiles(stages=3), "m64n256s3c2": ck.ConvTiles(stages=3, cluster_m=True),
+                      "m64n128s4": ck.ConvTiles(tile_n=128), "m64n128s3": ck.ConvTiles(tile_n=128, stages=3),
+                      "m64n128s4c2": ck.ConvTiles(tile_n=128, cluster_m=True),
+                      "m128n128s3": ck.ConvTiles(tile_m=128, tile_n=128, stages=3)}
     checks, rows = Checks(), []
 
     def save() -> None:
@@ -109,7 +111,12 @@ def main() -> None:
                 rounded = jax.jit(lambda x, p, w, d=dtype, s=scale: ck.causal_conv_reference(
                     x, w, p, dtype=d, x_scale=s))(x, past, kern)
                 checks.finite(f"{name} {label}", y)
-                checks.close(f"{name} {label} vs XLA f32 of the same operands", y, rounded, 5e-3)
+                # bf16: output rounding only. FP8: also the Hopper FP8 MMA's accumulator, which keeps
+                # fewer mantissa bits than f32 (measured 4.9e-3 at K = 27,648); a wrong kernel is O(1) off.
+                checks.close(f"{name} {label} vs XLA f32 of the same operands", y, rounded,
+                             1e-2 if scale is not None else 5e-3)
+                oracle_gap = float(jnp.linalg.norm(rounded - exact) / jnp.linalg.norm(exact))
+                print(f"  (that oracle is {oracle_gap:.2e} off the exact conv: the operand rounding)", flush=True)
             ms = statistics.median(time_ms(lambda: jax.block_until_ready(fn(x, past, kern)), 3, a.iters))
             err = float(jnp.linalg.norm(y.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
             base = ms if base is None else base

@@ -250,8 +250,11 @@ def causal_conv_reference(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax
     xx, kk = xx.astype(jnp.float32), kernel_thwio.astype(jnp.float32)
     if jnp.dtype(dtype).itemsize == 1:
         sx = fp8_lib.amax_scale(jnp.max(jnp.abs(xx))) if x_scale is None else jnp.asarray(x_scale, jnp.float32)
-        xx = fp8_lib.to_fp8(xx, sx).astype(jnp.float32) * sx
-        w_f8, sw = fp8_lib.quantize_weight(kk.reshape(-1, kk.shape[-1]))
+        # The barrier keeps the FP8 values: on a GPU, XLA (allowing excess precision) otherwise drops
+        # the f32→f8→f32 round trip and this oracle quietly becomes the exact conv.
+        x_f8, (w_f8, sw) = lax.optimization_barrier(
+            (fp8_lib.to_fp8(xx, sx), fp8_lib.quantize_weight(kk.reshape(-1, kk.shape[-1]))))
+        xx = x_f8.astype(jnp.float32) * sx
         kk = (w_f8.astype(jnp.float32) * sw).reshape(kk.shape)
     elif jnp.dtype(dtype) != jnp.dtype(jnp.float32):
         xx, kk = xx.astype(dtype).astype(jnp.float32), kk.astype(dtype).astype(jnp.float32)
