@@ -34,9 +34,11 @@ def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: 
     import jax
     import jax.numpy as jnp
 
-    # FP8 convs: the streamed and whole-clip programs scale each conv's activations by their own
-    # max|x| (different frames), so they differ by FP8 noise (≈ 0.1 rel.); a wrong program is O(1) off.
-    tol = 0.25 if fp8_convs else 1e-4 if cfg.dtype == "float32" else 5e-2
+    # FP8 convs with per-call scales: the streamed and whole-clip programs scale each conv's
+    # activations by their own max|x| (different frames), so they differ by FP8 noise (≈ 0.1 rel.);
+    # with static scales both quantize alike. A wrong program is O(1) off.
+    per_call_fp8 = fp8_convs and cfg.conv_fp8_scales == "per_call"
+    tol = 0.25 if per_call_fp8 else 1e-4 if cfg.dtype == "float32" else 5e-2
     dec = jax.jit(functools.partial(V.decode_chunk, graphdef))
     cache, ys = V.init_decode_cache(cfg, 1, height, width), []
     for i in range(2):
@@ -104,10 +106,11 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
 
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
               tiny: bool = False, checks: Checks | None = None, codec: str = "vae",
-              conv_impl: str = "fold2d") -> list[dict]:
+              conv_impl: str = "fold2d", fp8_static: bool = False) -> list[dict]:
     """`codec`: "vae" (the exact Wan2.2 VAE, models/vae.py) or "tae" (the tiny autoencoder of the
     same latent space, models/tae.py); both modules have the same streaming functions. `conv_impl`:
-    the VAE's `WanVAEConfig.conv_impl` (same weights for every choice: same seed)."""
+    the VAE's `WanVAEConfig.conv_impl` (same weights for every choice: same seed). `fp8_static`:
+    kernel_fp8 with static activation scales calibrated on the timed clip (models/vae_fp8.py)."""
     import functools
 
     import jax
@@ -125,11 +128,17 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype,
                                                                           conv_impl=conv_impl)
         model = vae.init_vae(cfg, 0)
-    graphdef, params = nnx.split(model)
     frames = 1 + 4 * (latent_frames - 1)
     key = jax.random.key(0)
     z = jax.random.normal(key, (1, latent_frames, height // 16, width // 16, cfg.z_dim), jnp.float32)
     video = jnp.clip(jax.random.normal(key, (1, frames, height, width, 3), jnp.float32), -1, 1)
+    if codec == "vae" and conv_impl == "kernel_fp8" and fp8_static:
+        from rynn_jax.models import vae_fp8
+
+        run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
+        model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, run, [z[:, :2]]))
+        cfg, impl = model.cfg, f"{impl} static"
+    graphdef, params = nnx.split(model)
     rows = []
 
     # The tiny autoencoder also streams k chunks per call (one block of the causal student: 3).
@@ -190,6 +199,8 @@ def main() -> None:
                    help="vae: the exact Wan2.2 VAE; tae: the tiny autoencoder (models/tae.py)")
     p.add_argument("--conv-impls", nargs="+", default=["fold2d"],
                    help="WanVAEConfig.conv_impl values to time (vae codec), e.g. fold2d kernel_bf16 kernel_fp8")
+    p.add_argument("--vae-fp8-static", action="store_true",
+                   help="kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="bench/results/vae.json")
     a = p.parse_args()
@@ -210,7 +221,7 @@ def main() -> None:
     for codec in a.codec:
         for conv_impl in a.conv_impls if codec == "vae" else ["fold2d"]:
             rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny,
-                              checks, codec=codec, conv_impl=conv_impl)
+                              checks, codec=codec, conv_impl=conv_impl, fp8_static=a.vae_fp8_static)
     print(f"\n{'impl':18s} {'op':40s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:18s} {r['op']:40s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")

@@ -278,20 +278,30 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     return out
 
 
-def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False) -> dict:
+def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False,
+               fp8_static: bool = False) -> dict:
+    """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
+    calibrated on one random clip through the per-call model) instead of per-call max|x|."""
     import functools
 
     from flax import nnx
 
     from rynn_jax.models import vae as V
+    from rynn_jax.models import vae_fp8
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
     for impl in impls:
         cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
             dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
-        graphdef, params = nnx.split(V.init_vae(cfg, 0))
+        model = V.init_vae(cfg, 0)
         key = jax.random.key(0)
+        static = fp8_static and impl == "kernel_fp8"
+        if static:
+            z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
+            run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
+            model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, run, [z], progress=False))
+        graphdef, params = nnx.split(model)
         # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
         kw = {"first": False} if static_branch else {}
         if which == "decode":
@@ -310,7 +320,8 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         jax.block_until_ready(step(params, cache, x))
         res = kernel_breakdown(lambda: step(params, cache, x), iters)
         res["first_call_s"] = time.perf_counter() - t0
-        name = f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static branch" if static_branch else "")
+        name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
+                + (", static branch" if static_branch else ""))
         _print(name, res)
         out[name] = res
     return out
@@ -378,6 +389,8 @@ def main() -> None:
     p.add_argument("--static-branch", action="store_true",
                    help="VAE: also time the later-chunk branch alone (first=False), next to the lax.cond")
     p.add_argument("--fp8", action="store_true", help="dit: also profile the FP8 model (fp8.quantize_dit)")
+    p.add_argument("--vae-fp8-static", action="store_true",
+                   help="vae_*: kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
@@ -396,7 +409,7 @@ def main() -> None:
         result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll, a.fp8)
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
-            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls)
+            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static)
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     if "stream" in a.targets:

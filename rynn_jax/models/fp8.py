@@ -296,14 +296,20 @@ def save_scales(path: str | os.PathLike[str], model: WanDiT, **info: str) -> Non
 def load_scales(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Read a file written by `save_scales`; a missing, truncated or foreign file is a ValueError
     naming it."""
+    return read_scales(path, SCALES_FORMAT)
+
+
+def read_scales(path: str | os.PathLike[str], expected_format: str) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors scales file whose metadata "format" is `expected_format`; a
+    missing, truncated or foreign file is a ValueError naming it."""
     from safetensors import safe_open
 
     path = os.fspath(path)
     try:
         with safe_open(path, framework="numpy") as f:
             fmt = (f.metadata() or {}).get("format")
-            if fmt != SCALES_FORMAT:
-                raise ValueError(f"{path}: not an FP8 scales file (format {fmt!r}, expected {SCALES_FORMAT!r})")
+            if fmt != expected_format:
+                raise ValueError(f"{path}: not an FP8 scales file (format {fmt!r}, expected {expected_format!r})")
             return {k: f.get_tensor(k) for k in f.keys()}
     except ValueError:
         raise

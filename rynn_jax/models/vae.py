@@ -62,6 +62,7 @@ Cache = dict[str, Any]
 ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 KERNEL_CONV_IMPLS = ("kernel_bf16", "kernel_fp8")  # models/conv_kernel.py: Hopper GPUs only
+Fp8Scales = Literal["per_call", "static"]
 
 
 def conv_impls_for(backend: str) -> tuple[str, ...]:
@@ -89,15 +90,24 @@ class WanVAEConfig:
     # streaming decode 61.2 → 54.1 ms, encode 19.3 → 15.8 ms per chunk; also faster on CPU);
     # "3d" one 3-D conv; "sum2d" k_t 2-D convs summed in float32 (slowest). 1×1×1 convs are
     # 2-D unless "3d". "kernel_bf16" / "kernel_fp8": our Hopper implicit-GEMM kernel
-    # (models/conv_kernel.py; Hopper GPUs only; FP8 scales: per call max|x|, per channel max|w|)
-    # for every k×3×3 stride-1 conv it takes, fold2d for the rest — not yet timed on a GPU.
+    # (models/conv_kernel.py; Hopper GPUs only; FP8 weights: per output channel max|w|) for every
+    # k×3×3 stride-1 conv it takes, fold2d for the rest. H200, decode chunk at 480×832: fold2d
+    # 50.5 ms; kernel_fp8 47.7 with per-call scales, 43.0 static (docs/PERFORMANCE.md); kernel_bf16
+    # is slower than fold2d. Decoder only: the encoder keeps fold2d (`encoder_config`).
     conv_impl: ConvImpl = "fold2d"
+    # kernel_fp8's activation scales: "per_call" max|x| of each conv input (an extra reduction and
+    # an unfused convert per conv), or "static": one calibrated scale per conv (models/vae_fp8.py).
+    conv_fp8_scales: Fp8Scales = "per_call"
 
     def __post_init__(self):
         if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
             raise ValueError(f"latents_mean/std need {self.z_dim} values each")
         if len(self.temporal_downsample) != len(self.dim_mult) - 1:
             raise ValueError("temporal_downsample needs one flag per down step (len(dim_mult) - 1)")
+        if self.conv_fp8_scales not in get_args(Fp8Scales):
+            raise ValueError(f"conv_fp8_scales must be one of {get_args(Fp8Scales)}, got {self.conv_fp8_scales!r}")
+        if self.conv_fp8_scales == "static" and self.conv_impl != "kernel_fp8":
+            raise ValueError(f'conv_fp8_scales="static" needs conv_impl="kernel_fp8", got {self.conv_impl!r}')
 
     @property
     def temporal_stride(self) -> int:
@@ -159,9 +169,9 @@ def _time_views(past: jax.Array | None, x: jax.Array, kt: int) -> list[jax.Array
 def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAEConfig,
           stride: tuple[int, int, int] = (1, 1, 1),
           pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
-          past: jax.Array | None = None) -> jax.Array:
+          past: jax.Array | None = None, x_scale: jax.Array | None = None) -> jax.Array:
     """3D conv over past ⧺ x (`past`: earlier frames, e.g. a causal cache), time unpadded ('valid'),
-    space padded by `pad_hw`.
+    space padded by `pad_hw`. `x_scale`: static FP8 activation scale for the kernel (else per call).
 
     The 2-D formulations exist because GPU conv libraries are tuned for 2-D NHWC convs: frames go
     into the batch axis, and the time taps either into input channels (fold2d) or a sum (sum2d)."""
@@ -177,7 +187,7 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
     if cfg.conv_impl in KERNEL_CONV_IMPLS:
-        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw)
+        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw, x_scale)
         if y is not None:
             return y + bias.astype(y.dtype)
     views = _time_views(past, x, kt)
@@ -199,22 +209,68 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     return y + bias.astype(x.dtype)
 
 
+def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:
+    """The config the encoder's layers run with: fold2d where cfg asks for a kernel impl. Measured on
+    an H200, the kernel makes the streaming encode slower (14.8 → 25.4 ms per chunk, per-call FP8):
+    its 160/320-channel convs do not fit the kernel and its 640-channel ones are small."""
+    if cfg.conv_impl not in KERNEL_CONV_IMPLS:
+        return cfg
+    return dataclasses.replace(cfg, conv_impl="fold2d", conv_fp8_scales="per_call")
+
+
+def takes_kernel(kernel_shape: tuple[int, ...], stride: tuple[int, int, int], cfg: WanVAEConfig) -> bool:
+    """Whether cfg.conv_impl sends a conv with this (k_t, k_h, k_w, C, N) kernel (same padding)
+    to models/conv_kernel.py: a kernel impl, stride 1, k_h > 1, channels that fit its tiles."""
+    if cfg.conv_impl not in KERNEL_CONV_IMPLS or stride != (1, 1, 1) or kernel_shape[1] == 1:
+        return False
+    from rynn_jax.models import conv_kernel as ck
+
+    return ck.supports(kernel_shape, jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16)
+
+
 def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, cfg: WanVAEConfig,
-                 stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]]) -> jax.Array | None:
+                 stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]],
+                 x_scale: jax.Array | None = None) -> jax.Array | None:
     """The conv through models/conv_kernel.py, or None where that kernel does not apply (strides,
     1×1 convs, channel counts off its tiles, fewer than k_t frames)."""
     from rynn_jax.models import conv_kernel as ck
 
     kt, kh, kw, _, c_out = kernel_thwio.shape
-    dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
     frames = x.shape[1] + (0 if past is None else past.shape[1])
-    if (stride != (1, 1, 1) or kh == 1 or pad_hw != ((kh // 2, kh // 2), (kw // 2, kw // 2))
-            or not ck.supports(kernel_thwio.shape, dtype) or frames < kt):
+    if (not takes_kernel(kernel_thwio.shape, stride, cfg) or pad_hw != ((kh // 2, kh // 2), (kw // 2, kw // 2))
+            or frames < kt):
         return None
     if past is None or past.shape[1] != kt - 1:  # 'valid' in time over past ⧺ x: split it as the kernel wants
         xx = x if past is None else jnp.concatenate([past, x], axis=1)
         past, x = (xx[:, :kt - 1] if kt > 1 else None), xx[:, kt - 1:]
-    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, tiles=ck.fitted_tiles(c_out))
+    dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
+    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, x_scale=x_scale, tiles=ck.fitted_tiles(c_out))
+
+
+class ConvInputScale(nnx.Variable):
+    """The calibrated FP8 activation scale, (1,) float32, of a conv the FP8 kernel runs
+    (conv_fp8_scales="static"; models/vae_fp8.py). Not an nnx.Param: checkpoints and converted
+    weights stay the float model's; the scales are a small file of their own."""
+
+
+class ConvInputAmax(nnx.Variable):
+    """Running max |input| of a kernel conv, present only while vae_fp8.calibrate observes it."""
+
+
+def _fp8_state(module: nnx.Module, kernel_shape: tuple[int, ...], stride: tuple[int, int, int],
+               cfg: WanVAEConfig) -> None:
+    """Give a conv module its FP8 scale slot (static scales, convs the kernel takes) and an empty
+    calibration observer."""
+    static = cfg.conv_fp8_scales == "static" and takes_kernel(kernel_shape, stride, cfg)
+    module.input_scale = ConvInputScale(jnp.ones((1,), jnp.float32)) if static else nnx.data(None)
+    module.input_amax = nnx.data(None)
+
+
+def _fp8_input_scale(module: nnx.Module, x: jax.Array) -> jax.Array | None:
+    """The static activation scale to pass the kernel (None: per call); records max|x| when observed."""
+    if module.input_amax is not None:
+        module.input_amax[...] = jnp.maximum(module.input_amax[...], jnp.max(jnp.abs(x.astype(jnp.float32))))
+    return None if module.input_scale is None else module.input_scale[...][0]
 
 
 class CausalConv3d(nnx.Module):
@@ -227,6 +283,7 @@ class CausalConv3d(nnx.Module):
                              (None, None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
         self.history = kernel[0] - 1  # frames of past input each output frame looks at
+        _fp8_state(self, (*kernel, c_in, c_out), (1, 1, 1), cfg)
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None) -> tuple[jax.Array, Any]:
         """x (B,T,H,W,C); cache (B,k_t-1,H,W,C) = the previous input frames, None = zeros."""
@@ -237,8 +294,8 @@ class CausalConv3d(nnx.Module):
                      else cache.astype(x.dtype))
             new_cache = x[:, -h:] if t >= h else jnp.concatenate([cache[:, t:], x], axis=1)
         kh, kw = self.kernel.shape[1:3]
-        y = _conv(x, self.kernel[...], self.bias[...], self.cfg,
-                  pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)), past=cache if h else None)
+        y = _conv(x, self.kernel[...], self.bias[...], self.cfg, pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)),
+                  past=cache if h else None, x_scale=_fp8_input_scale(self, x))
         return y, new_cache
 
 
@@ -311,11 +368,12 @@ class Conv2d(nnx.Module):
         self.kernel = _param(rngs, _KERNEL_INIT, (3, 3, c_in, c_out), cfg,
                              (None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
+        _fp8_state(self, (1, 3, 3, c_in, c_out), (1, stride, stride), cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         pad = ((0, 1), (0, 1)) if self.stride == 2 else ((1, 1), (1, 1))
         return _conv(x, self.kernel[...][None], self.bias[...], self.cfg,
-                     stride=(1, self.stride, self.stride), pad_hw=pad)
+                     stride=(1, self.stride, self.stride), pad_hw=pad, x_scale=_fp8_input_scale(self, x))
 
 
 class Resample(nnx.Module):
@@ -459,6 +517,7 @@ class MidBlock(nnx.Module):
 
 class Encoder(nnx.Module):
     def __init__(self, cfg: WanVAEConfig, *, rngs: nnx.Rngs):
+        cfg = encoder_config(cfg)
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         n = len(cfg.dim_mult)
         self.conv_in = CausalConv3d(cfg.patch_channels, dims[0], (3, 3, 3), cfg, rngs=rngs)

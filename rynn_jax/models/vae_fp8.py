@@ -1,0 +1,141 @@
+"""Static (calibrated) FP8 activation scales for the VAE convs that our FP8 conv kernel runs.
+
+`WanVAEConfig(conv_impl="kernel_fp8")` quantizes each conv input with its own max|x| by default
+("per_call"): one more reduction over the activations per conv, and a convert XLA cannot fuse into
+the op that produces them. With one calibrated scale per conv ("static") both go away; on an H200
+the streaming decode chunk at 480×832 drops from 47.7–48.1 ms to 43.0 ms (fold2d, the bf16
+default: 50.5; docs/PERFORMANCE.md).
+
+    run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
+    scales = vae_fp8.calibrate(model, run, latent_batches)  # any conv_impl: fold2d runs anywhere
+    served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
+    vae_fp8.save_scales("vae_fp8_scales.safetensors", scales); vae_fp8.load_scales(...)
+
+Scales are keyed by the conv's dotted path ("decoder.up_blocks.0.resnets.1.conv1.input_scale"),
+shape (1,) float32. Inputs beyond the calibrated range saturate at ±448 · scale when served, so
+calibrate on data like what is served (decoded latents of real clips, streamed or whole).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from rynn_jax.models import fp8 as fp8_lib
+from rynn_jax.models import vae as V
+
+SCALES_FORMAT = "rynn_jax.vae_fp8_scales/1"  # safetensors metadata "format" of a VAE scales file
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(map(str, path))
+
+
+def kernel_convs(model: V.WanVAE) -> list[tuple[str, nnx.Module]]:
+    """(dotted path, module) of every conv that conv_impl="kernel_fp8" sends to the FP8 kernel."""
+    cfg = dataclasses.replace(model.cfg, conv_impl="kernel_fp8", conv_fp8_scales="per_call")
+    out = []
+    for path, m in nnx.iter_graph(model.decoder):  # the encoder keeps fold2d (vae.encoder_config)
+        if isinstance(m, V.CausalConv3d):
+            shape, stride = m.kernel.shape, (1, 1, 1)
+        elif isinstance(m, V.Conv2d):
+            shape, stride = (1, *m.kernel.shape), (1, m.stride, m.stride)
+        else:
+            continue
+        if V.takes_kernel(shape, stride, cfg):
+            out.append((_dotted(("decoder", *path)), m))
+    return out
+
+
+def calibrate(model: V.WanVAE, run: Callable[[V.WanVAE, Any], Any], batches: Iterable[Any], *,
+              margin: float = 1.0, progress: bool = True) -> dict[str, np.ndarray]:
+    """Static activation scales, margin · max|input| / 448, for every conv the FP8 kernel takes.
+
+    Runs `run(model, batch)` (jitted; e.g. `lambda m, z: m.decode_frames(z, None, True, True)`) over
+    the batches while those convs record the largest |input| they see. `model` may use any
+    conv_impl: a float one (fold2d, on any backend) calibrates on unquantized activations. The
+    model is left as it was (its observers are removed again)."""
+    if model.cfg.conv_fp8_scales == "static":
+        raise ValueError("calibrate: the model already has static scales; calibrate its float or per-call version")
+    if not margin >= 1.0:
+        raise ValueError(f"calibrate: margin must be ≥ 1 (got {margin})")
+    convs = kernel_convs(model)
+    if not convs:
+        raise ValueError("calibrate: no conv of this VAE fits the FP8 kernel (channels off its tiles)")
+    for _, m in convs:
+        m.input_amax = V.ConvInputAmax(jnp.full((), -1.0, jnp.float32))  # < 0: never called
+    try:
+        graphdef = nnx.graphdef(model)
+
+        @jax.jit
+        def step(state, batch):
+            m = nnx.merge(graphdef, state)
+            run(m, batch)
+            return nnx.state(m, V.ConvInputAmax)
+
+        n = 0
+        for batch in tqdm(batches, desc="vae fp8 calibration", unit="batch", disable=not progress):
+            nnx.update(model, step(nnx.state(model), batch))
+            n += 1
+        amax = {name: float(m.input_amax[...]) for name, m in convs}
+    finally:
+        for _, m in convs:
+            m.input_amax = nnx.data(None)
+    if n == 0:
+        raise ValueError("calibrate: no calibration batches")
+    bad = sorted(name for name, a in amax.items() if not (0 <= a < float("inf")))
+    if bad:
+        raise ValueError(f"calibrate: these convs saw no input or a non-finite one over {n} batches: {bad} "
+                         "(does `run` decode, with finite inputs?)")
+    zero = sorted(name for name, a in amax.items() if a == 0)
+    if zero:
+        warnings.warn(f"calibrate: these convs saw only zero inputs, their input_scale is 1: {zero}", stacklevel=2)
+    return {f"{name}.input_scale": np.asarray(fp8_lib.amax_scale(jnp.full((1,), a, jnp.float32))
+                                              * np.float32(margin), np.float32)
+            for name, a in amax.items()}
+
+
+def with_static_scales(model: V.WanVAE, scales: dict[str, Any]) -> V.WanVAE:
+    """The same weights (shared arrays) as conv_impl="kernel_fp8" with conv_fp8_scales="static"
+    and these scales. Every kernel conv needs its scale, (1,), finite and > 0; anything else is an
+    error naming the entry."""
+    from rynn_jax.convert import flatten_params, unflatten_params
+
+    cfg = dataclasses.replace(model.cfg, conv_impl="kernel_fp8", conv_fp8_scales="static")
+    graphdef, target = nnx.split(V.abstract_vae(cfg))
+    paths = {_dotted(p): p for p in flatten_params(nnx.to_pure_dict(target), str_keys=False)}
+    want = sorted(name for name in paths if name.endswith(".input_scale"))
+    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
+    if missing or extra:
+        raise ValueError(f"with_static_scales: scales do not fit this VAE: missing {missing}, unexpected {extra}")
+    values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
+    for name in want:
+        a = np.asarray(scales[name])
+        if a.shape != (1,):
+            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, expected (1,)")
+        if not (np.isfinite(a).all() and (a > 0).all()):
+            raise ValueError(f"with_static_scales: {name!r} is non-finite or not positive: {a}")
+        values[paths[name]] = jnp.asarray(a, jnp.float32)
+    nnx.replace_by_pure_dict(target, unflatten_params(values))
+    return nnx.merge(graphdef, target)
+
+
+def save_scales(path: str, scales: dict[str, np.ndarray], **info: str) -> None:
+    """Write `calibrate`'s scales to a safetensors file (a few KB). `info`: extra string metadata."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.asarray(v, np.float32) for k, v in scales.items()}, str(path),
+              metadata={"format": SCALES_FORMAT, **info})
+
+
+def load_scales(path: str) -> dict[str, np.ndarray]:
+    """Read a file written by `save_scales`; a missing, truncated or foreign file is a ValueError."""
+    return fp8_lib.read_scales(path, SCALES_FORMAT)
