@@ -34,11 +34,11 @@ def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: 
     import jax
     import jax.numpy as jnp
 
-    # FP8 convs with per-call scales: the streamed and whole-clip programs scale each conv's
+    # FP8 convs: with per-call scales the streamed and whole-clip programs scale each conv's
     # activations by their own max|x| (different frames), so they differ by FP8 noise (≈ 0.1 rel.);
-    # with static scales both quantize alike. A wrong program is O(1) off.
-    per_call_fp8 = fp8_convs and cfg.conv_fp8_scales == "per_call"
-    tol = 0.25 if per_call_fp8 else 1e-4 if cfg.dtype == "float32" else 5e-2
+    # with static scales too, less: FP8's coarse grid amplifies the programs' different float
+    # rounding from layer to layer (bench/fidelity_vae_fp8.py). A wrong program is O(1) off.
+    tol = 0.25 if fp8_convs else 1e-4 if cfg.dtype == "float32" else 5e-2
     dec = jax.jit(functools.partial(V.decode_chunk, graphdef))
     cache, ys = V.init_decode_cache(cfg, 1, height, width), []
     for i in range(2):

@@ -59,15 +59,17 @@ Cache = dict[str, Any]
 # --------------------------------------------------------------------------------------------------
 
 
-ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8"]
+ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8", "emulate_fp8"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 KERNEL_CONV_IMPLS = ("kernel_bf16", "kernel_fp8")  # models/conv_kernel.py: Hopper GPUs only
+FP8_CONV_IMPLS = ("kernel_fp8", "emulate_fp8")  # emulate_fp8: the FP8 kernel's numerics, computed by XLA
 Fp8Scales = Literal["per_call", "static"]
 
 
 def conv_impls_for(backend: str) -> tuple[str, ...]:
-    """The conv_impl values that run on `backend` (jax.default_backend())."""
-    return CONV_IMPLS if backend == "gpu" else tuple(i for i in CONV_IMPLS if i not in KERNEL_CONV_IMPLS)
+    """The serving conv_impl values that run on `backend` (jax.default_backend()); emulate_fp8, an
+    oracle for fidelity studies and tests, is left out."""
+    return tuple(i for i in CONV_IMPLS if i != "emulate_fp8" and (backend == "gpu" or i not in KERNEL_CONV_IMPLS))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,6 +96,8 @@ class WanVAEConfig:
     # k×3×3 stride-1 conv it takes, fold2d for the rest. H200, decode chunk at 480×832: fold2d
     # 50.5 ms; kernel_fp8 47.7 with per-call scales, 43.0 static (docs/PERFORMANCE.md); kernel_bf16
     # is slower than fold2d. Decoder only: the encoder keeps fold2d (`encoder_config`).
+    # "emulate_fp8": the convs kernel_fp8 takes, with its FP8 rounding and scales but computed by
+    # XLA in float32 (any backend; slow): to measure an FP8 decoder's fidelity, and for tests.
     conv_impl: ConvImpl = "fold2d"
     # kernel_fp8's activation scales: "per_call" max|x| of each conv input (an extra reduction and
     # an unfused convert per conv), or "static": one calibrated scale per conv (models/vae_fp8.py).
@@ -106,8 +110,8 @@ class WanVAEConfig:
             raise ValueError("temporal_downsample needs one flag per down step (len(dim_mult) - 1)")
         if self.conv_fp8_scales not in get_args(Fp8Scales):
             raise ValueError(f"conv_fp8_scales must be one of {get_args(Fp8Scales)}, got {self.conv_fp8_scales!r}")
-        if self.conv_fp8_scales == "static" and self.conv_impl != "kernel_fp8":
-            raise ValueError(f'conv_fp8_scales="static" needs conv_impl="kernel_fp8", got {self.conv_impl!r}')
+        if self.conv_fp8_scales == "static" and self.conv_impl not in FP8_CONV_IMPLS:
+            raise ValueError(f'conv_fp8_scales="static" needs conv_impl in {FP8_CONV_IMPLS}, got {self.conv_impl!r}')
 
     @property
     def temporal_stride(self) -> int:
@@ -186,7 +190,7 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
             dimension_numbers=_CONV_DIMS, precision=precision)
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
-    if cfg.conv_impl in KERNEL_CONV_IMPLS:
+    if cfg.conv_impl in _ROUTED_IMPLS:
         y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw, x_scale)
         if y is not None:
             return y + bias.astype(y.dtype)
@@ -209,11 +213,14 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     return y + bias.astype(x.dtype)
 
 
+_ROUTED_IMPLS = (*KERNEL_CONV_IMPLS, "emulate_fp8")  # conv_impls that send convs to _kernel_conv
+
+
 def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:
     """The config the encoder's layers run with: fold2d where cfg asks for a kernel impl. Measured on
     an H200, the kernel makes the streaming encode slower (14.8 → 25.4 ms per chunk, per-call FP8):
     its 160/320-channel convs do not fit the kernel and its 640-channel ones are small."""
-    if cfg.conv_impl not in KERNEL_CONV_IMPLS:
+    if cfg.conv_impl not in _ROUTED_IMPLS:
         return cfg
     return dataclasses.replace(cfg, conv_impl="fold2d", conv_fp8_scales="per_call")
 
@@ -221,11 +228,11 @@ def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:
 def takes_kernel(kernel_shape: tuple[int, ...], stride: tuple[int, int, int], cfg: WanVAEConfig) -> bool:
     """Whether cfg.conv_impl sends a conv with this (k_t, k_h, k_w, C, N) kernel (same padding)
     to models/conv_kernel.py: a kernel impl, stride 1, k_h > 1, channels that fit its tiles."""
-    if cfg.conv_impl not in KERNEL_CONV_IMPLS or stride != (1, 1, 1) or kernel_shape[1] == 1:
+    if cfg.conv_impl not in _ROUTED_IMPLS or stride != (1, 1, 1) or kernel_shape[1] == 1:
         return False
     from rynn_jax.models import conv_kernel as ck
 
-    return ck.supports(kernel_shape, jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16)
+    return ck.supports(kernel_shape, jnp.float8_e4m3fn if cfg.conv_impl in FP8_CONV_IMPLS else jnp.bfloat16)
 
 
 def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, cfg: WanVAEConfig,
@@ -243,6 +250,9 @@ def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, 
     if past is None or past.shape[1] != kt - 1:  # 'valid' in time over past ⧺ x: split it as the kernel wants
         xx = x if past is None else jnp.concatenate([past, x], axis=1)
         past, x = (xx[:, :kt - 1] if kt > 1 else None), xx[:, kt - 1:]
+    if cfg.conv_impl == "emulate_fp8":  # the kernel's operands and bf16 output; f32 math by XLA
+        return ck.causal_conv_reference(x, kernel_thwio, past, dtype=jnp.float8_e4m3fn,
+                                        x_scale=x_scale).astype(jnp.bfloat16)
     dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
     return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, x_scale=x_scale, tiles=ck.fitted_tiles(c_out))
 

@@ -103,13 +103,16 @@ def calibrate(model: V.WanVAE, run: Callable[[V.WanVAE, Any], Any], batches: Ite
             for name, a in amax.items()}
 
 
-def with_static_scales(model: V.WanVAE, scales: dict[str, Any]) -> V.WanVAE:
-    """The same weights (shared arrays) as conv_impl="kernel_fp8" with conv_fp8_scales="static"
-    and these scales. Every kernel conv needs its scale, (1,), finite and > 0; anything else is an
-    error naming the entry."""
+def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: str = "kernel_fp8") -> V.WanVAE:
+    """The same weights (shared arrays) with conv_fp8_scales="static", these scales, and `conv_impl`
+    "kernel_fp8" (serving, Hopper GPUs) or "emulate_fp8" (the same numerics by XLA, any backend).
+    Every kernel conv needs its scale, (1,), finite and > 0; anything else is an error naming the
+    entry."""
     from rynn_jax.convert import flatten_params, unflatten_params
 
-    cfg = dataclasses.replace(model.cfg, conv_impl="kernel_fp8", conv_fp8_scales="static")
+    if conv_impl not in V.FP8_CONV_IMPLS:
+        raise ValueError(f"with_static_scales: conv_impl must be one of {V.FP8_CONV_IMPLS}, got {conv_impl!r}")
+    cfg = dataclasses.replace(model.cfg, conv_impl=conv_impl, conv_fp8_scales="static")
     graphdef, target = nnx.split(V.abstract_vae(cfg))
     paths = {_dotted(p): p for p in flatten_params(nnx.to_pure_dict(target), str_keys=False)}
     want = sorted(name for name in paths if name.endswith(".input_scale"))
