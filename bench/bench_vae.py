@@ -135,8 +135,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
     if codec == "vae" and conv_impl == "kernel_fp8" and fp8_static:
         from rynn_jax.models import vae_fp8
 
-        run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
-        model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, run, [z[:, :2]]))
+        model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, vae_fp8.decode_clip, [z[:, :2]]))
         cfg, impl = model.cfg, f"{impl} static"
     graphdef, params = nnx.split(model)
     rows = []

@@ -90,7 +90,7 @@ def main() -> None:
         return jnp.concatenate(outs, 1)[:, cfg.temporal_stride - 1:]
 
     ref = decode_whole(model)
-    scales = vae_fp8.calibrate(model, lambda m, z: m.decode_frames(z, None, True, True), [z_calib])
+    scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z_calib])
     variants = {
         "fp8, per-call scales": V.vae_from_params(dataclasses.replace(cfg, conv_impl="emulate_fp8"),
                                                   nnx.to_pure_dict(nnx.state(model))),

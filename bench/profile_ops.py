@@ -299,8 +299,7 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         static = fp8_static and impl == "kernel_fp8"
         if static:
             z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
-            run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
-            model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, run, [z], progress=False))
+            model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False))
         graphdef, params = nnx.split(model)
         # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
         kw = {"first": False} if static_branch else {}

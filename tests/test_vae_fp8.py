@@ -22,8 +22,7 @@ from rynn_jax.models import vae_fp8
 CFG = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
 
 
-def _decode(m: V.WanVAE, z: jax.Array) -> jax.Array:
-    return m.decode_frames(z, None, True, True)[0]
+_decode = vae_fp8.decode_clip
 
 
 @pytest.fixture(scope="module")

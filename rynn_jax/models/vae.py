@@ -63,6 +63,7 @@ ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8", "emulat
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 KERNEL_CONV_IMPLS = ("kernel_bf16", "kernel_fp8")  # models/conv_kernel.py: Hopper GPUs only
 FP8_CONV_IMPLS = ("kernel_fp8", "emulate_fp8")  # emulate_fp8: the FP8 kernel's numerics, computed by XLA
+_ROUTED_IMPLS = (*KERNEL_CONV_IMPLS, "emulate_fp8")  # conv_impls that send convs to _kernel_conv
 Fp8Scales = Literal["per_call", "static"]
 
 
@@ -211,9 +212,6 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
     return y + bias.astype(x.dtype)
-
-
-_ROUTED_IMPLS = (*KERNEL_CONV_IMPLS, "emulate_fp8")  # conv_impls that send convs to _kernel_conv
 
 
 def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:

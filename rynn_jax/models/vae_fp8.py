@@ -6,8 +6,7 @@ the op that produces them. With one calibrated scale per conv ("static") both go
 the streaming decode chunk at 480×832 drops from 47.7–48.1 ms to 43.0 ms (fold2d, the bf16
 default: 50.5; docs/PERFORMANCE.md).
 
-    run = lambda m, z: m.decode_frames(z, None, True, True)  # the kernel convs are the decoder's
-    scales = vae_fp8.calibrate(model, run, latent_batches)  # any conv_impl: fold2d runs anywhere
+    scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, latent_batches)  # any conv_impl; fold2d runs anywhere
     served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
     vae_fp8.save_scales("vae_fp8_scales.safetensors", scales); vae_fp8.load_scales(...)
 
@@ -19,6 +18,7 @@ calibrate on data like what is served (decoded latents of real clips, streamed o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,27 +39,34 @@ def _dotted(path: tuple) -> str:
     return ".".join(map(str, path))
 
 
+def decode_clip(model: V.WanVAE, latents: jax.Array) -> jax.Array:
+    """Whole-clip decode of normalized latents: a calibration `run` (the kernel convs are the
+    decoder's, vae.encoder_config)."""
+    return model.decode_frames(latents, None, True, True)[0]
+
+
+@functools.lru_cache(maxsize=8)
+def _scale_paths(cfg: V.WanVAEConfig) -> dict[str, tuple]:
+    """Dotted name → path of every input scale a static-scale VAE of this config has: one per conv
+    the FP8 kernel takes (vae._fp8_state decides)."""
+    from rynn_jax.convert import flatten_params
+
+    static = dataclasses.replace(cfg, conv_impl="kernel_fp8", conv_fp8_scales="static")
+    paths = flatten_params(nnx.to_pure_dict(nnx.state(V.abstract_vae(static))), str_keys=False)
+    return {_dotted(p): p for p in sorted(paths, key=_dotted) if p[-1] == "input_scale"}
+
+
 def kernel_convs(model: V.WanVAE) -> list[tuple[str, nnx.Module]]:
     """(dotted path, module) of every conv that conv_impl="kernel_fp8" sends to the FP8 kernel."""
-    cfg = dataclasses.replace(model.cfg, conv_impl="kernel_fp8", conv_fp8_scales="per_call")
-    out = []
-    for path, m in nnx.iter_graph(model.decoder):  # the encoder keeps fold2d (vae.encoder_config)
-        if isinstance(m, V.CausalConv3d):
-            shape, stride = m.kernel.shape, (1, 1, 1)
-        elif isinstance(m, V.Conv2d):
-            shape, stride = (1, *m.kernel.shape), (1, m.stride, m.stride)
-        else:
-            continue
-        if V.takes_kernel(shape, stride, cfg):
-            out.append((_dotted(("decoder", *path)), m))
-    return out
+    modules = {_dotted(tuple(path)): m for path, m in nnx.iter_graph(model)}
+    return [(_dotted(p[:-1]), modules[_dotted(p[:-1])]) for p in _scale_paths(model.cfg).values()]
 
 
 def calibrate(model: V.WanVAE, run: Callable[[V.WanVAE, Any], Any], batches: Iterable[Any], *,
               margin: float = 1.0, progress: bool = True) -> dict[str, np.ndarray]:
     """Static activation scales, margin · max|input| / 448, for every conv the FP8 kernel takes.
 
-    Runs `run(model, batch)` (jitted; e.g. `lambda m, z: m.decode_frames(z, None, True, True)`) over
+    Runs `run(model, batch)` (jitted; e.g. `decode_clip`, or a streamed decode) over
     the batches while those convs record the largest |input| they see. `model` may use any
     conv_impl: a float one (fold2d, on any backend) calibrates on unquantized activations. The
     model is left as it was (its observers are removed again)."""
@@ -112,23 +119,20 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
 
     if conv_impl not in V.FP8_CONV_IMPLS:
         raise ValueError(f"with_static_scales: conv_impl must be one of {V.FP8_CONV_IMPLS}, got {conv_impl!r}")
-    cfg = dataclasses.replace(model.cfg, conv_impl=conv_impl, conv_fp8_scales="static")
-    graphdef, target = nnx.split(V.abstract_vae(cfg))
-    paths = {_dotted(p): p for p in flatten_params(nnx.to_pure_dict(target), str_keys=False)}
-    want = sorted(name for name in paths if name.endswith(".input_scale"))
+    want = _scale_paths(model.cfg)
     missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
     if missing or extra:
         raise ValueError(f"with_static_scales: scales do not fit this VAE: missing {missing}, unexpected {extra}")
     values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
-    for name in want:
+    for name, path in want.items():
         a = np.asarray(scales[name])
         if a.shape != (1,):
             raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, expected (1,)")
         if not (np.isfinite(a).all() and (a > 0).all()):
             raise ValueError(f"with_static_scales: {name!r} is non-finite or not positive: {a}")
-        values[paths[name]] = jnp.asarray(a, jnp.float32)
-    nnx.replace_by_pure_dict(target, unflatten_params(values))
-    return nnx.merge(graphdef, target)
+        values[path] = jnp.asarray(a, jnp.float32)
+    cfg = dataclasses.replace(model.cfg, conv_impl=conv_impl, conv_fp8_scales="static")
+    return V.vae_from_params(cfg, unflatten_params(values))
 
 
 def save_scales(path: str, scales: dict[str, np.ndarray], **info: str) -> None:
