@@ -278,20 +278,34 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     return out
 
 
+_PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
+    "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),
+    "quantize_first": ("quantize_first", False, True), "quantize_first_fused": ("quantize_first", False, False),
+    "quantize_first_packed": ("quantize_first", True, True),
+    "quantize_first_packed_fused": ("quantize_first", True, False),
+}
+
+
 def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False,
-               fp8_static: bool = False) -> dict:
+               fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,)) -> dict:
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
-    calibrated on one random clip through the per-call model) instead of per-call max|x|."""
+    calibrated on one random clip through the per-call model) instead of per-call max|x|.
+    `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
+    None: conv_kernel's defaults)."""
     import functools
 
     from flax import nnx
 
+    from rynn_jax.models import conv_kernel as ck
     from rynn_jax.models import vae as V
     from rynn_jax.models import vae_fp8
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
-    for impl in impls:
+    runs = [(impl, pro) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))]
+    for impl, prologue in runs:
+        if prologue is not None:  # read when the step below is traced
+            ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue]
         cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
             dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
         model = V.init_vae(cfg, 0)
@@ -317,9 +331,10 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         _, cache = warm(params, cache, x)
         t0 = time.perf_counter()
         jax.block_until_ready(step(params, cache, x))
-        res = kernel_breakdown(lambda: step(params, cache, x), iters)
+        res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
         res["first_call_s"] = time.perf_counter() - t0
         name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
+                + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
                 + (", static branch" if static_branch else ""))
         _print(name, res)
         out[name] = res
@@ -390,6 +405,8 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true", help="dit: also profile the FP8 model (fp8.quantize_dit)")
     p.add_argument("--vae-fp8-static", action="store_true",
                    help="vae_*: kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
+    p.add_argument("--fp8-prologue", nargs="+", choices=sorted(_PROLOGUES), default=None,
+                   help="vae_*: kernel_fp8 variants of conv_kernel.FP8_PROLOGUE / FP8_PACKED / FP8_PROLOGUE_BARRIER")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
@@ -408,7 +425,8 @@ def main() -> None:
         result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll, a.fp8)
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
-            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static)
+            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static,
+                                                prologues=tuple(a.fp8_prologue or (None,)))
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     if "stream" in a.targets:

@@ -65,6 +65,16 @@ def test_fp8_kernel_matches_rounded_reference():
     assert rel_l2(y, rounded) < 5e-3  # the kernel adds only bf16 output rounding to FP8 operands
     # FP8 (3 mantissa bits) on both operands: a few percent off the exact conv, not more
     assert 5e-3 < rel_l2(y, exact) < 0.08
+    # weights quantized ahead (serving) are the ones quantized per call: the same output, bit for bit
+    w_f8, w_scale = ck.quantize_kernel(wt)
+    assert w_f8.shape == (64, 3 * 3 * 3 * 128) and w_f8.dtype == jnp.float8_e4m3fn and w_scale.shape == (64,)
+    ahead = ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=sx, w_fp8=(w_f8, w_scale), tiles=SMALL,
+                           interpret=_interpret())
+    np.testing.assert_array_equal(np.asarray(ahead, np.float32), np.asarray(y, np.float32))
+    with pytest.raises(ValueError, match="w_fp8 must be"):
+        ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, w_fp8=(w_f8[:, :-1], w_scale), tiles=SMALL)
+    with pytest.raises(ValueError, match="w_fp8 must be"):
+        ck.causal_conv(x, wt, past, dtype=jnp.bfloat16, w_fp8=(w_f8, w_scale), tiles=SMALL)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
@@ -154,3 +164,20 @@ def test_vae_fp8_conv_impl_lowers_to_the_kernel():
     f = jax.jit(lambda x, p, w: V._conv(x, w, jnp.zeros((w.shape[-1],)), cfg, pad_hw=((1, 1), (1, 1)), past=p))
     assert "mosaic_gpu" in f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" not in f.trace(x, past, wt[..., :12]).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("prologue,packed,barrier", [("pad_first", True, False), ("quantize_first", False, True),
+                                                     ("quantize_first", True, True), ("quantize_first", True, False)])
+def test_fp8_prologue_variants_give_the_same_bits(monkeypatch, prologue, packed, barrier):
+    """The ways of building the FP8 input rows (quantize before or after padding, bytes moved one by
+    one or as uint32 words) are layouts of the same values: bit-identical outputs, per-call scale."""
+    x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
+    run = lambda: np.asarray(ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, tiles=SMALL,  # noqa: E731
+                                            interpret=_interpret()), np.float32)
+    monkeypatch.setattr(ck, "FP8_PROLOGUE", "pad_first")  # the plainest layout is the reference
+    monkeypatch.setattr(ck, "FP8_PACKED", False)
+    want = run()
+    monkeypatch.setattr(ck, "FP8_PROLOGUE", prologue)
+    monkeypatch.setattr(ck, "FP8_PACKED", packed)
+    monkeypatch.setattr(ck, "FP8_PROLOGUE_BARRIER", barrier)
+    np.testing.assert_array_equal(run(), want)

@@ -79,6 +79,14 @@ def test_static_model_and_scales_file(model, tmp_path):
     np.testing.assert_array_equal(np.asarray(served.decoder.conv_out.kernel[...]),
                                   np.asarray(model.decoder.conv_out.kernel[...]))
     assert served.decoder.conv_out.input_scale is None  # 12 output channels: not a kernel conv
+    # every kernel conv carries its weights quantized once from the model's own kernel
+    model_modules = dict(vae_fp8.kernel_convs(model))
+    for name, conv in vae_fp8.kernel_convs(served):
+        kernel = model_modules[name].kernel[...]
+        w_f8, w_scale = ck.quantize_kernel(kernel if kernel.ndim == 5 else kernel[None])
+        np.testing.assert_array_equal(np.asarray(conv.kernel_fp8[...], np.float32), np.asarray(w_f8, np.float32))
+        np.testing.assert_array_equal(np.asarray(conv.kernel_scale[...]), np.asarray(w_scale))
+    assert served.decoder.conv_out.kernel_fp8 is None
 
     path = tmp_path / "vae_scales.safetensors"
     vae_fp8.save_scales(str(path), scales, source="test")

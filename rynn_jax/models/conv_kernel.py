@@ -2,9 +2,10 @@
 
 Why: the exact Wan2.2 decoder is conv-bound (29.4 TFLOP per 480×832 chunk) and XLA emits no FP8
 convolution (docs/PERFORMANCE.md, "FP8 VAE convolutions"); FP8 tensor cores are the only way below
-its bf16 floor. Status: numerics checked on the CPU in Mosaic GPU's interpret mode (bf16, and FP8
-with (K, N) weights, see _conv_rows) and both dtypes lower for CUDA; **not yet timed on a GPU**, so
-nothing uses it by default (WanVAEConfig.conv_impl="kernel_*" opts in; bench/bench_conv.py times it).
+its bf16 floor. Numerics are checked on the CPU in Mosaic GPU's interpret mode (bf16, and FP8 with
+(K, N) weights, see _conv_rows). On an H200 the FP8 kernel takes 0.66–0.82× of cuDNN's bf16 conv
+time, the bf16 kernel 1.1–1.5× (bench/bench_conv.py; docs/PERFORMANCE.md); nothing uses it by
+default (WanVAEConfig.conv_impl="kernel_fp8" opts in, for the decoder).
 
 The layout trick. Pad each frame to (H + kh − 1) rows × Wp columns (Wp a multiple of 8) and flatten
 (frame, row, column) into one pixel axis; stack the kw horizontal taps on channels (x3[p] = x[p],
@@ -193,14 +194,47 @@ def fitted_tiles(n: int, tiles: ConvTiles = ConvTiles()) -> ConvTiles:
     return dataclasses.replace(tiles, tile_n=tile_n, epi_n=min(tiles.epi_n, tile_n))
 
 
+def quantize_kernel(kernel_thwio: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A (k_t, k_h, k_w, C, N) kernel as `causal_conv` feeds FP8 wgmma: float8_e4m3fn, K-major
+    (N, k_t·k_h·k_w·C) with K in (dt, dh, dw, c) order, and its per-output-channel scales (N,)
+    float32 (models/fp8.py's weight quantization). Made once for serving (vae_fp8.with_static_scales)
+    instead of on every call."""
+    w_f8, scale = fp8_lib.quantize_weight(kernel_thwio.reshape(-1, kernel_thwio.shape[-1]))
+    return w_f8.T, scale
+
+
+# How an FP8 call builds its input rows (all give the same bits; A/B knobs for bench/profile_ops.py):
+# FP8_PROLOGUE "quantize_first": quantize past and x in their own shape (fused with the norm/SiLU
+# that makes them; behind an optimization barrier if FP8_PROLOGUE_BARRIER), then join, pad and stack
+# taps on FP8 bytes; "pad_first": join, pad and flatten in the input dtype, then quantize. FP8_PACKED:
+# move the FP8 bytes as uint32 words (4 channels each), not one by one. H200, streaming decode chunk
+# at 480×832 (bench/profile_ops.py --fp8-prologue …): pad_first 40.5 ms, pad_first packed 39.5,
+# quantize_first unpacked 42.8–43.4 (1-byte moves ran at ≈ 1 TB/s), quantize_first packed 36.0.
+FP8_PROLOGUE = "quantize_first"
+FP8_PROLOGUE_BARRIER = True
+FP8_PACKED = True
+
+
+def _pack_words(x: jax.Array) -> jax.Array:
+    """(..., C) float8 → (..., C/4) uint32 of the same bytes (zero bytes are FP8 zeros)."""
+    return lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // 4, 4), jnp.uint32)
+
+
+def _unpack_words(x: jax.Array) -> jax.Array:
+    y = lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
+    return y.reshape(*x.shape[:-1], 4 * x.shape[-1])
+
+
 def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
                 dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
+                w_fp8: tuple[jax.Array, jax.Array] | None = None,
                 tiles: ConvTiles = ConvTiles(), interpret: Any = None) -> jax.Array:
     """k_t×k_h×k_w conv over past ⧺ x: 'valid' in time, 'same' in space, stride 1, no bias.
 
     x (B, T, H, W, C); past (B, k_t − 1, H, W, C) or None for k_t = 1; kernel (k_t, k_h, k_w, C, N).
     dtype: bfloat16, or float8_e4m3fn (per-tensor activation scale `x_scale` — a calibrated
-    constant when serving, else max|x|/448 of this call — and per-output-channel weight scales).
+    constant when serving, else max|x|/448 of this call — and per-output-channel weight scales;
+    `w_fp8`: the kernel already quantized by `quantize_kernel`, else quantized here).
     Returns bf16 (B, T, H, W, N). `interpret`: Mosaic GPU interpret params, to run on a CPU.
     """
     b, t, h, w, c = x_bthwc.shape
@@ -222,20 +256,35 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
     rows_in = rows_out + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
     plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out)
 
-    xx = x_bthwc if past is None else jnp.concatenate([past.astype(x_bthwc.dtype), x_bthwc], axis=1)
-    xx = jnp.pad(xx, ((0, 0), (0, 0), (kh // 2, kh // 2), (kw // 2, wp - w - kw // 2), (0, 0)))
-    xx = xx.reshape(b, (t + kt - 1) * s, c)
-    xx = jnp.pad(xx, ((0, 0), (0, rows_in + kw - 1 - xx.shape[1]), (0, 0)))
-    wk = kernel_thwio.reshape(kt * kh * kw * c, n)  # K order (dt, dh, dw, c) = taps, then stacked channels
+    if w_fp8 is not None and (not fp8 or w_fp8[0].shape != (n, kt * kh * kw * c) or w_fp8[1].shape != (n,)
+                              or w_fp8[0].dtype != jnp.float8_e4m3fn):
+        raise ValueError(f"w_fp8 must be quantize_kernel's ((N, K), (N,)) = ({(n, kt * kh * kw * c)}, {(n,)}) "
+                         f"with dtype float8_e4m3fn, got {None if w_fp8 is None else (w_fp8[0].shape, w_fp8[1].shape)}")
+    parts = [x_bthwc] if past is None else [past, x_bthwc]
+    packed = fp8 and FP8_PACKED and c % 4 == 0
     if fp8:  # the DiT's FP8 scaling (models/fp8.py): saturating at ±448, per-output-channel weights
-        sx = (fp8_lib.amax_scale(jnp.max(jnp.abs(xx.astype(jnp.float32)))) if x_scale is None
-              else jnp.asarray(x_scale, jnp.float32))
-        xx = fp8_lib.to_fp8(xx, sx)
-        wk, sw = fp8_lib.quantize_weight(wk)
-        wk = wk.T if interpret is None else wk  # see _conv_rows
+        sx = (fp8_lib.amax_scale(functools.reduce(jnp.maximum, [jnp.max(jnp.abs(p.astype(jnp.float32))) for p in parts]))
+              if x_scale is None else jnp.asarray(x_scale, jnp.float32))
+        if FP8_PROLOGUE == "pad_first":
+            parts = [p.astype(x_bthwc.dtype) for p in parts]
+        else:  # quantized before padding (zeros stay zeros): the rest moves bytes
+            parts = [fp8_lib.to_fp8(p, sx) for p in parts]
+            parts = [_pack_words(p) for p in parts] if packed else parts
+            parts = list(lax.optimization_barrier(parts)) if FP8_PROLOGUE_BARRIER else parts
+        wk, sw = quantize_kernel(kernel_thwio) if w_fp8 is None else w_fp8
+        wk = wk if interpret is None else wk.T  # see _conv_rows
     else:
-        xx, wk = xx.astype(dtype), wk.astype(dtype)
+        parts = [p.astype(dtype) for p in parts]
+        wk = kernel_thwio.reshape(kt * kh * kw * c, n).astype(dtype)  # K order (dt, dh, dw, c): taps, stacked channels
+    xx = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+    xx = jnp.pad(xx, ((0, 0), (0, 0), (kh // 2, kh // 2), (kw // 2, wp - w - kw // 2), (0, 0)))
+    xx = xx.reshape(b, (t + kt - 1) * s, xx.shape[-1])
+    xx = jnp.pad(xx, ((0, 0), (0, rows_in + kw - 1 - xx.shape[1]), (0, 0)))
+    if fp8 and FP8_PROLOGUE == "pad_first":
+        xx = fp8_lib.to_fp8(xx, sx)
+        xx = _pack_words(xx) if packed else xx
     x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
+    x_rows = _unpack_words(x_rows) if packed else x_rows
     y = _conv_rows(x_rows.reshape(b * rows_in, kw * c), wk, plan, tiles, interpret)
     if fp8:
         y = (y.astype(jnp.float32) * (sx * sw)).astype(jnp.bfloat16)

@@ -95,7 +95,7 @@ class WanVAEConfig:
     # 2-D unless "3d". "kernel_bf16" / "kernel_fp8": our Hopper implicit-GEMM kernel
     # (models/conv_kernel.py; Hopper GPUs only; FP8 weights: per output channel max|w|) for every
     # k×3×3 stride-1 conv it takes, fold2d for the rest. H200, decode chunk at 480×832: fold2d
-    # 50.5 ms; kernel_fp8 47.7 with per-call scales, 43.0 static (docs/PERFORMANCE.md); kernel_bf16
+    # ≈ 49–50 ms; kernel_fp8 47.7 with per-call scales, 36.0 static (docs/PERFORMANCE.md); kernel_bf16
     # is slower than fold2d. Decoder only: the encoder keeps fold2d (`encoder_config`).
     # "emulate_fp8": the convs kernel_fp8 takes, with its FP8 rounding and scales but computed by
     # XLA in float32 (any backend; slow): to measure an FP8 decoder's fidelity, and for tests.
@@ -174,9 +174,11 @@ def _time_views(past: jax.Array | None, x: jax.Array, kt: int) -> list[jax.Array
 def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAEConfig,
           stride: tuple[int, int, int] = (1, 1, 1),
           pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
-          past: jax.Array | None = None, x_scale: jax.Array | None = None) -> jax.Array:
+          past: jax.Array | None = None, x_scale: jax.Array | None = None,
+          w_fp8: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """3D conv over past ⧺ x (`past`: earlier frames, e.g. a causal cache), time unpadded ('valid'),
-    space padded by `pad_hw`. `x_scale`: static FP8 activation scale for the kernel (else per call).
+    space padded by `pad_hw`. `x_scale`: static FP8 activation scale for the kernel (else per call);
+    `w_fp8`: the kernel pre-quantized for it (conv_kernel.quantize_kernel; else quantized per call).
 
     The 2-D formulations exist because GPU conv libraries are tuned for 2-D NHWC convs: frames go
     into the batch axis, and the time taps either into input channels (fold2d) or a sum (sum2d)."""
@@ -192,7 +194,7 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
     if cfg.conv_impl in _ROUTED_IMPLS:
-        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw, x_scale)
+        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw, x_scale, w_fp8)
         if y is not None:
             return y + bias.astype(y.dtype)
     views = _time_views(past, x, kt)
@@ -207,7 +209,9 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
 
     if kt == 1:
         y = conv2d(views[0], kernel[0])
-    elif cfg.conv_impl == "fold2d":  # channel index (tap, c): tap-major, as the kernel reshape
+    elif cfg.conv_impl in ("fold2d", *_ROUTED_IMPLS):  # channel index (tap, c): tap-major, as the kernel reshape
+        # (convs the kernel impls do not take run fold2d: sum2d's float32 partial sums made the
+        # 12-channel conv_out and the time convs 1.9 ms slower per decode chunk on the H200)
         y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
@@ -235,7 +239,8 @@ def takes_kernel(kernel_shape: tuple[int, ...], stride: tuple[int, int, int], cf
 
 def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, cfg: WanVAEConfig,
                  stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]],
-                 x_scale: jax.Array | None = None) -> jax.Array | None:
+                 x_scale: jax.Array | None = None, w_fp8: tuple[jax.Array, jax.Array] | None = None
+                 ) -> jax.Array | None:
     """The conv through models/conv_kernel.py, or None where that kernel does not apply (strides,
     1×1 convs, channel counts off its tiles, fewer than k_t frames)."""
     from rynn_jax.models import conv_kernel as ck
@@ -252,7 +257,8 @@ def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, 
         return ck.causal_conv_reference(x, kernel_thwio, past, dtype=jnp.float8_e4m3fn,
                                         x_scale=x_scale).astype(jnp.bfloat16)
     dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
-    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, x_scale=x_scale, tiles=ck.fitted_tiles(c_out))
+    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, x_scale=x_scale,
+                          w_fp8=w_fp8 if cfg.conv_impl == "kernel_fp8" else None, tiles=ck.fitted_tiles(c_out))
 
 
 class ConvInputScale(nnx.Variable):
@@ -261,16 +267,29 @@ class ConvInputScale(nnx.Variable):
     weights stay the float model's; the scales are a small file of their own."""
 
 
+class ConvKernelFp8(nnx.Variable):
+    """A static-scale kernel conv's weights as the FP8 kernel reads them, quantized once
+    (vae_fp8.with_static_scales; conv_kernel.quantize_kernel): `kernel_fp8` (N, K) float8_e4m3fn
+    and `kernel_scale` (N,) float32. Derived from the kernel parameter, so not an nnx.Param;
+    quantizing per call cost ≈ 1.5 ms per 480×832 decode chunk on the H200."""
+
+
 class ConvInputAmax(nnx.Variable):
     """Running max |input| of a kernel conv, present only while vae_fp8.calibrate observes it."""
 
 
-def _fp8_state(module: nnx.Module, kernel_shape: tuple[int, ...], stride: tuple[int, int, int],
+def _fp8_state(module: nnx.Module, kernel_thwio: jax.Array, stride: tuple[int, int, int],
                cfg: WanVAEConfig) -> None:
-    """Give a conv module its FP8 scale slot (static scales, convs the kernel takes) and an empty
-    calibration observer."""
-    static = cfg.conv_fp8_scales == "static" and takes_kernel(kernel_shape, stride, cfg)
+    """Give a conv module its FP8 slots (static scales, convs the kernel takes: the input scale and
+    the kernel quantized from `kernel_thwio`) and an empty calibration observer. Weights loaded later
+    must be requantized: vae_fp8.with_static_scales does."""
+    from rynn_jax.models import conv_kernel as ck
+
+    static = cfg.conv_fp8_scales == "static" and takes_kernel(kernel_thwio.shape, stride, cfg)
     module.input_scale = ConvInputScale(jnp.ones((1,), jnp.float32)) if static else nnx.data(None)
+    w_f8, w_scale = ck.quantize_kernel(kernel_thwio) if static else (None, None)
+    module.kernel_fp8 = ConvKernelFp8(w_f8) if static else nnx.data(None)
+    module.kernel_scale = ConvKernelFp8(w_scale) if static else nnx.data(None)
     module.input_amax = nnx.data(None)
 
 
@@ -279,6 +298,11 @@ def _fp8_input_scale(module: nnx.Module, x: jax.Array) -> jax.Array | None:
     if module.input_amax is not None:
         module.input_amax[...] = jnp.maximum(module.input_amax[...], jnp.max(jnp.abs(x.astype(jnp.float32))))
     return None if module.input_scale is None else module.input_scale[...][0]
+
+
+def _fp8_kernel(module: nnx.Module) -> tuple[jax.Array, jax.Array] | None:
+    """The pre-quantized (kernel (N, K), scales (N,)) of a static-scale kernel conv, else None."""
+    return None if module.kernel_fp8 is None else (module.kernel_fp8[...], module.kernel_scale[...])
 
 
 class CausalConv3d(nnx.Module):
@@ -291,7 +315,7 @@ class CausalConv3d(nnx.Module):
                              (None, None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
         self.history = kernel[0] - 1  # frames of past input each output frame looks at
-        _fp8_state(self, (*kernel, c_in, c_out), (1, 1, 1), cfg)
+        _fp8_state(self, self.kernel[...], (1, 1, 1), cfg)
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None) -> tuple[jax.Array, Any]:
         """x (B,T,H,W,C); cache (B,k_t-1,H,W,C) = the previous input frames, None = zeros."""
@@ -303,7 +327,7 @@ class CausalConv3d(nnx.Module):
             new_cache = x[:, -h:] if t >= h else jnp.concatenate([cache[:, t:], x], axis=1)
         kh, kw = self.kernel.shape[1:3]
         y = _conv(x, self.kernel[...], self.bias[...], self.cfg, pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)),
-                  past=cache if h else None, x_scale=_fp8_input_scale(self, x))
+                  past=cache if h else None, x_scale=_fp8_input_scale(self, x), w_fp8=_fp8_kernel(self))
         return y, new_cache
 
 
@@ -376,12 +400,13 @@ class Conv2d(nnx.Module):
         self.kernel = _param(rngs, _KERNEL_INIT, (3, 3, c_in, c_out), cfg,
                              (None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
-        _fp8_state(self, (1, 3, 3, c_in, c_out), (1, stride, stride), cfg)
+        _fp8_state(self, self.kernel[...][None], (1, stride, stride), cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         pad = ((0, 1), (0, 1)) if self.stride == 2 else ((1, 1), (1, 1))
         return _conv(x, self.kernel[...][None], self.bias[...], self.cfg,
-                     stride=(1, self.stride, self.stride), pad_hw=pad, x_scale=_fp8_input_scale(self, x))
+                     stride=(1, self.stride, self.stride), pad_hw=pad, x_scale=_fp8_input_scale(self, x),
+                     w_fp8=_fp8_kernel(self))
 
 
 class Resample(nnx.Module):

@@ -3,8 +3,9 @@
 `WanVAEConfig(conv_impl="kernel_fp8")` quantizes each conv input with its own max|x| by default
 ("per_call"): one more reduction over the activations per conv, and a convert XLA cannot fuse into
 the op that produces them. With one calibrated scale per conv ("static") both go away; on an H200
-the streaming decode chunk at 480×832 drops from 47.7–48.1 ms to 43.0 ms (fold2d, the bf16
-default: 50.5; docs/PERFORMANCE.md).
+the streaming decode chunk at 480×832 drops from 47.7–48.1 ms to 43.0 ms, and to 36.0 ms with the
+weights quantized once (also done here) and the FP8 bytes moved as words (fold2d, the bf16
+default: ≈ 49–50 ms; docs/PERFORMANCE.md).
 
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, latent_batches)  # any conv_impl; fold2d runs anywhere
     served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
@@ -29,6 +30,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from rynn_jax.models import conv_kernel as ck
 from rynn_jax.models import fp8 as fp8_lib
 from rynn_jax.models import vae as V
 
@@ -111,7 +113,8 @@ def calibrate(model: V.WanVAE, run: Callable[[V.WanVAE, Any], Any], batches: Ite
 
 
 def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: str = "kernel_fp8") -> V.WanVAE:
-    """The same weights (shared arrays) with conv_fp8_scales="static", these scales, and `conv_impl`
+    """The same weights (shared arrays) with conv_fp8_scales="static", these scales, each kernel
+    conv's weights also quantized once for the kernel (vae.ConvKernelFp8), and `conv_impl`
     "kernel_fp8" (serving, Hopper GPUs) or "emulate_fp8" (the same numerics by XLA, any backend).
     Every kernel conv needs its scale, (1,), finite and > 0; anything else is an error naming the
     entry."""
@@ -131,6 +134,9 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
         if not (np.isfinite(a).all() and (a > 0).all()):
             raise ValueError(f"with_static_scales: {name!r} is non-finite or not positive: {a}")
         values[path] = jnp.asarray(a, jnp.float32)
+        kernel = values[(*path[:-1], "kernel")]  # quantized once here, not on every call
+        kernel = kernel[None] if kernel.ndim == 4 else kernel  # Conv2d's (k_h, k_w, C, N)
+        values[(*path[:-1], "kernel_fp8")], values[(*path[:-1], "kernel_scale")] = ck.quantize_kernel(kernel)
     cfg = dataclasses.replace(model.cfg, conv_impl=conv_impl, conv_fp8_scales="static")
     return V.vae_from_params(cfg, unflatten_params(values))
 
