@@ -34,6 +34,26 @@ def time_ms(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:
     return out
 
 
+def decode_streamed(lib, graphdef, params, latents, height: int, width: int):
+    """A clip decoded the streaming way with `lib` (models.vae or models.tae): one jitted
+    `decode_chunk` per latent frame, the cache carried; the first call's frame 0 is the last of its
+    frames (the ones before are empty), so dropping those gives `lib.decode`'s frames (up to float
+    rounding)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    step = jax.jit(functools.partial(lib.decode_chunk, graphdef))
+    cache = lib.init_decode_cache(nnx.merge(graphdef, params).cfg, latents.shape[0], height, width)
+    outs = []
+    for i in range(latents.shape[1]):
+        y, cache = step(params, cache, latents[:, i:i + 1])
+        outs.append(y)
+    return jnp.concatenate(outs, axis=1)[:, outs[0].shape[1] - 1:]
+
+
 class Checks:
     def __init__(self) -> None:
         self.rows: list[dict] = []

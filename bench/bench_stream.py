@@ -12,7 +12,8 @@ warm-up chunks. The render is compiled for each block length before any clock st
 `--precompile` (`StreamingSession.compile` first, as a server at boot) no block compiles anything.
 Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact Wan2.2 VAE for the
 tiny autoencoder of the same latent space (models/tae.py) on that side.
-`--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
+`--vae-conv kernel_fp8 --vae-fp8-static` decodes with our FP8 conv kernel and calibrated static
+scales (models/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
 Blocks run as served (`streaming.SERVING_STEPS`: each block's clean cache pass merged into the
@@ -39,15 +40,33 @@ from _harness import Checks, write_json  # noqa: E402
 
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
-           fp8_calibration: dict | None) -> None:
+           fp8_calibration: dict | None, vae_calibration: dict | None = None) -> None:
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
-               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl, fp8_dit=a.fp8,
+               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl,
+               vae_conv_fp8_scales=vae_cfg.conv_fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
                token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
                resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
+
+
+def calibrate_vae_static(vae, height: int, width: int):
+    """The VAE with static FP8 activation scales for its decoder convs (vae_fp8.calibrate on two
+    random normalized latent frames at the session's size, decoded whole; the served latents are the
+    DiT's, of about that range). Returns (model, JSON row)."""
+    import jax
+
+    from rynn_jax.models import vae_fp8
+
+    stride = vae.cfg.spatial_stride
+    z = jax.random.normal(jax.random.key(2), (1, 2, height // stride, width // stride, vae.cfg.z_dim))
+    t0 = time.perf_counter()
+    scales = vae_fp8.calibrate(vae, vae_fp8.decode_clip, [z])
+    row = dict(calibration_s=time.perf_counter() - t0, convs=len(scales))
+    print(f"vae fp8 calibration: {row['convs']} convs in {row['calibration_s']:.1f} s", flush=True)
+    return vae_fp8.with_static_scales(vae, scales, conv_impl=vae.cfg.conv_impl), row
 
 
 def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, checks: Checks):
@@ -156,6 +175,9 @@ def main() -> None:
     p.add_argument("--no-unroll", action="store_true",
                    help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
     p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
+    p.add_argument("--vae-fp8-static", action="store_true",
+                   help="with --vae-conv kernel_fp8 (or emulate_fp8): the decoder's FP8 convs with static activation "
+                        "scales (vae_fp8.calibrate on random latents at the session's size, not timed)")
     p.add_argument("--fp8", action="store_true", help="serve the DiT with FP8 block linears (fp8.quantize_dit)")
     p.add_argument("--fp8-activations", choices=["per_token", "static"], default="per_token",
                    help="with --fp8: activation scales per token at every call, or static ones (fp8.calibrate)")
@@ -189,6 +211,8 @@ def main() -> None:
         p.error("--chunks must exceed --warm-chunks (nothing left to time)")
     if a.fp8_activations != "per_token" and not a.fp8:
         p.error("--fp8-activations needs --fp8")
+    if a.vae_fp8_static and a.vae_conv not in ("kernel_fp8", "emulate_fp8"):
+        p.error("--vae-fp8-static needs --vae-conv kernel_fp8 (or emulate_fp8)")
 
     import jax
     import jax.numpy as jnp
@@ -218,6 +242,10 @@ def main() -> None:
         vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype, **vae_over)
         dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype=dtype, param_dtype=dtype, token_multiple=a.token_multiple)
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)
+    vae_calibration = None
+    if a.vae_fp8_static:
+        vae, vae_calibration = calibrate_vae_static(vae, a.height, a.width)
+        vae_cfg = vae.cfg
     tiny_ae = None
     if "tae" in (a.encoder, a.decoder):
         from rynn_jax.models.tae import TAEConfig, init_tae
@@ -300,7 +328,7 @@ def main() -> None:
                   f"{res['steady_fps']:.1f} FPS aggregate, {res['steady_fps'] / b:.1f} per session "
                   f"(median block {res['median_block_ms']:.1f} ms)", flush=True)
         del sessions
-        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration)  # after every batch size: a cut run keeps its rows
+        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration, vae_calibration)  # a cut run keeps its rows
 
     print("\n| sessions | variant | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|---|")

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks, time_ms, write_json  # noqa: E402
+from _harness import Checks, decode_streamed, time_ms, write_json  # noqa: E402
 
 
 def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: int, width: int,
@@ -39,12 +39,7 @@ def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: 
     # with static scales too, less: FP8's coarse grid amplifies the programs' different float
     # rounding from layer to layer (bench/fidelity_vae_fp8.py). A wrong program is O(1) off.
     tol = 0.25 if fp8_convs else 1e-4 if cfg.dtype == "float32" else 5e-2
-    dec = jax.jit(functools.partial(V.decode_chunk, graphdef))
-    cache, ys = V.init_decode_cache(cfg, 1, height, width), []
-    for i in range(2):
-        y, cache = dec(params, cache, z[:, i:i + 1])
-        ys.append(y)
-    streamed = jnp.concatenate(ys, axis=1)[:, 3:]
+    streamed = decode_streamed(V, graphdef, params, z[:, :2], height, width)
     whole = jax.jit(functools.partial(V.decode, graphdef))(params, z[:, :2])
     checks.finite("stream decode", streamed)
     checks.close(f"{V.__name__}: stream decode vs whole-clip decode (2 latents)", streamed, whole, tol)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Checks, write_json  # noqa: E402
+from _harness import Checks, decode_streamed, write_json  # noqa: E402
 
 
 def panned_clip(frames: int, height: int, width: int, step: int):
@@ -79,15 +78,8 @@ def main() -> None:
     def decode_whole(m):
         return run_whole(m, "decode_frames", z)
 
-    def decode_streamed(m):
-        graphdef, params = nnx.split(m)
-        step = jax.jit(functools.partial(V.decode_chunk, graphdef))
-        cache = V.init_decode_cache(m.cfg, 1, a.height, a.width)
-        outs = []
-        for i in range(z.shape[1]):
-            y, cache = step(params, cache, z[:, i:i + 1])
-            outs.append(y)
-        return jnp.concatenate(outs, 1)[:, cfg.temporal_stride - 1:]
+    def stream(m):
+        return decode_streamed(V, *nnx.split(m), z, a.height, a.width)
 
     ref = decode_whole(model)
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z_calib])
@@ -102,7 +94,7 @@ def main() -> None:
     for name, m in variants.items():
         y = decode_whole(m)
         checks.finite(name, y)
-        row = dict(decoder=name, rel_l2=rel(y, ref), psnr_db=psnr(y, ref), stream_vs_whole=rel(decode_streamed(m), y))
+        row = dict(decoder=name, rel_l2=rel(y, ref), psnr_db=psnr(y, ref), stream_vs_whole=rel(stream(m), y))
         rows.append(row)
         print(row, flush=True)
     print(f"\n{'decoder':24s} {'rel L2':>9s} {'PSNR dB':>8s} {'stream vs whole':>16s}")
