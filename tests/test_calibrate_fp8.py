@@ -138,3 +138,59 @@ def test_serve_cli_lists_the_command():
     proc = subprocess.run([sys.executable, "serve.py", "calibrate-fp8", "-h"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "--latents" in proc.stdout and "--margin" in proc.stdout
+
+
+def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
+    """`serve.py calibrate-vae-fp8` on latent shards and a converted VAE whose decoder convs fit the
+    FP8 kernel: the file holds the scales that calibrating directly on the same windows gives, it
+    loads into that VAE (emulated FP8 on a CPU), and the served decoder is at FP8 distance."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rynn_jax import checkpoints
+    from rynn_jax.models import vae as V
+    from rynn_jax.models import vae_fp8
+    from rynn_jax.models.vae_weights import load_vae
+
+    cfg = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
+    vae_dir = tmp_path / "vae"
+    checkpoints.save_params(vae_dir, nnx.to_pure_dict(nnx.state(V.init_vae(cfg, 0), nnx.Param)), cfg)
+    rng = np.random.default_rng(0)
+    lat_dir = tmp_path / "latents"
+    lat_dir.mkdir()
+    recs = [shards_lib.encode_record({"video_latents": rng.standard_normal((4, 2, 4, cfg.z_dim)).astype(np.float32)})
+            for _ in range(3)]
+    shards_lib.write_shard(lat_dir / shards_lib.shard_name("egodex", 0, 1), recs)
+    out = tmp_path / "vae_scales.safetensors"
+    summary = calibrate_fp8.main_vae(["--latents", str(lat_dir), "--vae", str(vae_dir), "--out", str(out),
+                                      "--clips", "3", "--frames", "2"])
+    vae = load_vae(str(vae_dir))
+    assert summary["clips"] == 3 and summary["convs"] == len(vae_fp8.kernel_convs(vae)) >= 8
+    assert summary["conv_impl"] == vae_fp8.serving_conv_impl()
+    assert 1e-3 < summary["rel_l2_vs_float_on_one_window"] < 0.2  # FP8 distance; a wrong scale is O(1)
+
+    clips = calibrate_fp8.read_clips(str(lat_dir), 3)
+    windows = list(calibrate_fp8.vae_calibration_batches(clips, cfg.z_dim, frames=2, seed=0))
+    for w, clip in zip(windows, clips):  # each a window of its clip
+        assert w.shape == (1, 2, 2, 4, cfg.z_dim)
+        assert any(np.array_equal(w[0], clip["video_latents"][s:s + 2]) for s in range(3))
+    direct = vae_fp8.calibrate(vae, vae_fp8.decode_clip, windows, progress=False)
+    scales = vae_fp8.load_scales(str(out))
+    assert set(scales) == set(direct)
+    for k in direct:
+        np.testing.assert_allclose(scales[k], direct[k], rtol=1e-6, err_msg=k)
+
+    served = vae_fp8.load_static(vae, str(out))
+    assert (served.cfg.conv_impl, served.cfg.conv_fp8_scales) == (vae_fp8.serving_conv_impl(), "static")
+    y = vae_fp8.decode_clip(served, jnp.asarray(windows[0]))
+    assert y.shape == (1, 1 + cfg.temporal_stride, 8, 16, 3) and bool(jnp.isfinite(y).all())
+
+    with pytest.raises(ValueError, match="--vae-fp8-scales needs --vae"):
+        demo.build_modules(None, None, 0, vae_fp8_scales=str(out))
+    with pytest.raises(ValueError, match="fewer than --frames 5"):
+        list(calibrate_fp8.vae_calibration_batches(clips, cfg.z_dim, frames=5))
+    with pytest.raises(ValueError, match="do not fit a VAE with 16 latent channels"):
+        list(calibrate_fp8.vae_calibration_batches(clips, 16, frames=2))
+    with pytest.raises(ValueError, match="scales do not fit this VAE"):  # another VAE's scales
+        vae_fp8.load_static(V.init_vae(V.WanVAEConfig.tiny(decoder_base_dim=128, dim_mult=(1, 2),
+                                                           temporal_downsample=(True,)), 0), str(out))

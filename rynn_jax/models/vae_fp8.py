@@ -10,6 +10,10 @@ default: ≈ 49–50 ms; docs/PERFORMANCE.md).
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, latent_batches)  # any conv_impl; fold2d runs anywhere
     served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
     vae_fp8.save_scales("vae_fp8_scales.safetensors", scales); vae_fp8.load_scales(...)
+    served = vae_fp8.load_static(model, "vae_fp8_scales.safetensors")  # kernel_fp8 on Hopper, else emulated
+
+From the command line: `python serve.py calibrate-vae-fp8 --vae DIR --latents SHARDS --out FILE`
+(pre-encoded latents of real clips), then `serve.py demo --vae DIR --vae-fp8-scales FILE ...`.
 
 Scales are keyed by the conv's dotted path ("decoder.up_blocks.0.resnets.1.conv1.input_scale"),
 shape (1,) float32. Inputs beyond the calibrated range saturate at ±448 · scale when served, so
@@ -139,6 +143,20 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
         values[(*path[:-1], "kernel_fp8")], values[(*path[:-1], "kernel_scale")] = ck.quantize_kernel(kernel)
     cfg = dataclasses.replace(model.cfg, conv_impl=conv_impl, conv_fp8_scales="static")
     return V.vae_from_params(cfg, unflatten_params(values))
+
+
+def serving_conv_impl() -> str:
+    """"kernel_fp8" on a Hopper GPU (the kernel's wgmma/TMA need compute capability 9.x), else
+    "emulate_fp8": the same numbers computed by XLA (slow; for checking on other machines)."""
+    device = jax.devices()[0]
+    hopper = device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9")
+    return "kernel_fp8" if hopper else "emulate_fp8"
+
+
+def load_static(model: V.WanVAE, path: str) -> V.WanVAE:
+    """`model` served with the static scales in `path` (`save_scales`; `serve.py calibrate-vae-fp8`),
+    through the FP8 kernel where it runs (`serving_conv_impl`)."""
+    return with_static_scales(model, load_scales(path), conv_impl=serving_conv_impl())
 
 
 def save_scales(path: str, scales: dict[str, np.ndarray], **info: str) -> None:

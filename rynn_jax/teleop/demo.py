@@ -89,31 +89,39 @@ def build_dit(dit_dir: str | None, seed: int):
 
 
 def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
-                  fp8_scales: str | None = None):
+                  fp8_scales: str | None = None, vae_fp8_scales: str | None = None):
     """(DiT, VAE): converted weights, or tiny random ones. `fp8`: the DiT's block linears
     quantized to FP8 (`models.fp8.quantize_dit`; serving only); `fp8_scales`: with the static
-    activation scales of this file (`serve.py calibrate-fp8`)."""
+    activation scales of this file (`serve.py calibrate-fp8`). `vae_fp8_scales`: the VAE decoder's
+    convs in FP8 with these static scales (`serve.py calibrate-vae-fp8`; `vae_fp8.load_static`)."""
     if (dit_dir is None) != (vae_dir is None):
         raise ValueError("give both --dit and --vae, or neither (tiny random models)")
     if fp8_scales is not None and not fp8:
         raise ValueError("--fp8-scales needs --fp8")
+    if vae_fp8_scales is not None and vae_dir is None:
+        raise ValueError("--vae-fp8-scales needs --vae (the demo's tiny VAE has no convs the FP8 kernel takes)")
     dit = build_dit(dit_dir, seed)
     vae = load_vae(vae_dir) if vae_dir is not None else init_vae(WanVAEConfig.tiny(), seed)
     if fp8:
         dit = quantize_dit(dit)
         if fp8_scales is not None:
             dit = with_static_scales(dit, load_scales(fp8_scales))
+    if vae_fp8_scales is not None:
+        from rynn_jax.models import vae_fp8
+
+        vae = vae_fp8.load_static(vae, vae_fp8_scales)
     return dit, vae
 
 
 def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
-                      fp8_scales: str | None = None) -> WorldModel:
-    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8, fp8_scales=fp8_scales))
+                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> WorldModel:
+    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                     vae_fp8_scales=vae_fp8_scales))
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
-        fp8_scales: str | None = None) -> dict:
+        fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> dict:
     if (num_frames - 1) % 4:
         raise ValueError(f"--frames must be 1 + 4k (the VAE's temporal stride), got {num_frames}")
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +144,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     if t_video[-1] > stream.span[1] + 1e-6:
         raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
                          f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
-    model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales)
+    model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
     done("load")
@@ -181,7 +189,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
             height: int = 96, width: int = 160, episode_frames: int | None = None,
             dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None,
-            fp8_scales: str | None = None) -> dict:
+            fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> dict:
     """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame.
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
@@ -198,7 +206,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     def world_model() -> tuple[StreamingSession, jax.Array]:
         """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
         t0 = time.perf_counter()
-        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales)
+        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                             vae_fp8_scales=vae_fp8_scales)
         decoder = None
         if tae:
             from rynn_jax.models.tae import load_tae
@@ -296,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp8-scales", default=None, metavar="FILE",
                    help="with --fp8: static activation scales from `serve.py calibrate-fp8` (faster than "
                         "per-token scales: H200 streaming 80.4–84.6 vs 80.1–80.2 FPS)")
+    p.add_argument("--vae-fp8-scales", default=None, metavar="FILE",
+                   help="with --vae: decode with FP8 convs and these static scales (`serve.py calibrate-vae-fp8`; "
+                        "Hopper GPUs, emulated elsewhere): H200 36.0 vs ≈ 49–50 ms per 480×832 decode chunk")
     p.add_argument("--tae", default=None, metavar="CKPT",
                    help="--world sim: decode with the tiny autoencoder from this official taew2_2 checkpoint "
                         "(.pth or .safetensors; needs --dit/--vae with 48-channel latents): ≈ 0.5 instead of "
@@ -305,13 +317,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.fp8_scales and not a.fp8:
         p.error("--fp8-scales needs --fp8")
+    if a.vae_fp8_scales and not a.vae:
+        p.error("--vae-fp8-scales needs --vae")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
         height, width = a.resolution
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae,
-                          fp8_scales=a.fp8_scales)
+                          fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales)
         print(json.dumps(summary, indent=1))
         print(f"outputs in {os.path.abspath(a.out)}:\n"
               "  side_by_side.mp4  generated | ground truth | skeleton\n"
@@ -320,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
               "  summary.json")
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
-                  dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales)
+                  dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales,
+                  vae_fp8_scales=a.vae_fp8_scales)
     print(json.dumps(summary, indent=1))
     print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} and episode.npz (frames + 54-D actions)")
 
