@@ -210,8 +210,8 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     if kt == 1:
         y = conv2d(views[0], kernel[0])
     elif cfg.conv_impl in ("fold2d", *_ROUTED_IMPLS):  # channel index (tap, c): tap-major, as the kernel reshape
-        # (convs the kernel impls do not take run fold2d: sum2d's float32 partial sums made the
-        # 12-channel conv_out and the time convs 1.9 ms slower per decode chunk on the H200)
+        # (convs the kernel impls do not take run fold2d: as sum2d, with float32 partial sums, the
+        # 12-channel conv_out and the time convs cost ≈ 2.6 ms more per decode chunk on the H200)
         y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
