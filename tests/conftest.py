@@ -5,3 +5,21 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Headless MuJoCo rendering (Debian's libosmesa6, installed by .ci/run); read when mujoco is imported.
 os.environ.setdefault("MUJOCO_GL", "osmesa")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def fast_compile():
+    """XLA's cheapest compile for this test (jax_disable_most_optimizations: LLVM -O0 and no
+    expensive passes, what FAST_COMPILE gives the subprocess tests), for tests whose time is the
+    compiling of many small programs rather than running them. Same programs, same checks: only
+    the generated machine code is less optimised (float results equal up to rounding)."""
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

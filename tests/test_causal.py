@@ -339,7 +339,7 @@ def test_in_place_working_cache_equals_forward_block(model, policy):
         causal.forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
 
 
-def test_streaming_session_with_merged_clean_pass_matches(model):
+def test_streaming_session_with_merged_clean_pass_matches(model, fast_compile):
     """StepConfig(merge_clean_pass=True): the session gives the same frames as the sequential one
     across re-anchoring, with one executable per kind of block."""
     from rynn_jax.models.vae import WanVAEConfig, init_vae
