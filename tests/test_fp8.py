@@ -317,7 +317,7 @@ def test_fp8_params_have_logical_axes():
     assert tuple(specs[("blocks", "ffn_up", "input_scale")]) == ("layers", None)
 
 
-def test_streaming_session_serves_a_quantized_dit():
+def test_streaming_session_serves_a_quantized_dit(fast_compile):
     """The FP8 model drops into the streaming session (cached causal passes, both VAEs): the same
     session with the float DiT gives close frames."""
     import dataclasses
