@@ -115,7 +115,7 @@ def test_demo_end_to_end_small(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")       # ffmpeg subprocesses reading the videos
-def test_demo_sim_world_end_to_end(tmp_path, capsys):
+def test_demo_sim_world_end_to_end(tmp_path, capsys, fast_compile):
     """`python serve.py demo --world sim` (demo v0) at CI size: a 33-frame episode at 32×64,
     13 generated frames (two causal blocks), all outputs written and consistent."""
     import imageio.v3 as iio
