@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from tests._parallel import run_workers
 from tests._trees import sorted_leaves
 
 MESHES = {  # name: (data, fsdp, tensor, context); each compile costs ~10 s on 2 busy cores
@@ -29,7 +29,9 @@ MESHES = {  # name: (data, fsdp, tensor, context); each compile costs ~10 s on 2
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-def _worker() -> dict:
+def _worker(part: str) -> dict:
+    """part "sft": the SFT steps on every mesh and the checkpoint restores; "lora_accum": LoRA with
+    gradient accumulation (two subprocesses, run side by side)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -82,9 +84,11 @@ def _worker() -> dict:
         stats = jax.tree.map(lambda x: np.asarray(x).tolist(), nnx.to_pure_dict(state.stats))
         return {"losses": losses, "params": params, "stats": stats}
 
+    if part == "lora_accum":
+        lora_cfg = config_lib.apply_overrides(base, ["lora.rank=4", "lora.alpha=4.0", "grad_accum=2"])
+        return {"lora_accum": {name: run(lora_cfg, MESHES[name]) for name in ("1dev", "d2f2t2")}}
+    assert part == "sft", part
     out = {"sft": {name: run(base, sizes) for name, sizes in MESHES.items()}}
-    lora_cfg = config_lib.apply_overrides(base, ["lora.rank=4", "lora.alpha=4.0", "grad_accum=2"])
-    out["lora_accum"] = {name: run(lora_cfg, MESHES[name]) for name in ("1dev", "d2f2t2")}
 
     # save on one mesh, restore onto two others, take one more step on each
     with tempfile.TemporaryDirectory() as d:
@@ -115,10 +119,12 @@ def test_sharded_equals_unsharded():
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_train_sharding"], env=env, cwd=root,
-                          capture_output=True, text=True, check=False, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {}
+    for proc in run_workers([[sys.executable, "-m", "tests.test_train_sharding", part] for part in ("sft", "lora_accum")],
+                            env=env, cwd=root, timeout=600):
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert set(out) == {"sft", "lora_accum", "restore"}
 
     for group in ("sft", "lora_accum"):
         ref = out[group]["1dev"]
@@ -137,4 +143,4 @@ def test_sharded_equals_unsharded():
 
 
 if __name__ == "__main__":
-    print(json.dumps(_worker()))
+    print(json.dumps(_worker(sys.argv[1])))
