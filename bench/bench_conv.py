@@ -13,7 +13,10 @@ Shapes are the 480×832 decoder's later-chunk convs (4 frames + 2 cached), which
 operands (bf16, or FP8 with the same scales); the FP8 rows also report the error against the exact
 conv. The FP8 activation scale is static (what a calibrated serving layer would use). Times are
 medians of wall time per call including each variant's operand preparation (padding, tap stacking,
-quantisation), which XLA fuses into one pass. Needs a Hopper GPU.
+quantisation); kernel rows also time the kernel alone on operands prepared ahead
+(conv_kernel.prepare / kernel_rows), and XLA's GEMM of the same M × K × N is the library reference
+for the kernel's rate. Tile tags: m{tile_m}n{tile_n}s{stages}, c2 = 2-CTA clusters sharing weight
+tiles, o1 = overlap, fr = frame-major tile order (conv_kernel.ConvTiles). Needs a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> None:
     a = p.parse_args()
     if a.smoke:
         a.shapes, a.iters = ["smoke"], 1
+    warm = 0 if a.smoke else 3  # untimed calls before the timed ones (interpret mode is slow)
 
     import jax
     import jax.numpy as jnp
@@ -61,15 +65,18 @@ def main() -> None:
         interpret = InterpretGPUParams()
     elif jax.default_backend() != "gpu":
         raise SystemExit("bench_conv needs a Hopper GPU (or --smoke: interpret mode on a CPU)")
-    tile_sets = {"m64n256s4": ck.ConvTiles()}
+    def tag(t: ck.ConvTiles) -> str:  # m64n256s4 (+ c2: 2-CTA clusters, o1: overlap, fr: frame-major order)
+        return (f"m{t.tile_m}n{t.tile_n}s{t.stages}" + ("c2" if t.cluster_m else "") + (f"o{t.overlap}" if t.overlap else "")
+                + ("fr" if t.order == "frames" else ""))
+    sets = [ck.ConvTiles(), ck.SERVING_TILES]
     if a.smoke:
-        tile_sets = {"m64n64s2": ck.ConvTiles(tile_n=64, stages=2, num_sms=2)}
+        sets = [ck.ConvTiles(tile_n=64, stages=2, num_sms=2, order="frames")]
     if a.sweep:
-        tile_sets |= {"m64n256s4c2": ck.ConvTiles(cluster_m=True), "m64n256s4o1": ck.ConvTiles(overlap=1),
-                      "m64n256s3": ck.ConvTiles(stages=3), "m64n256s3c2": ck.ConvTiles(stages=3, cluster_m=True),
-                      "m64n128s4": ck.ConvTiles(tile_n=128), "m64n128s3": ck.ConvTiles(tile_n=128, stages=3),
-                      "m64n128s4c2": ck.ConvTiles(tile_n=128, cluster_m=True),
-                      "m128n128s3": ck.ConvTiles(tile_m=128, tile_n=128, stages=3)}
+        sets += [ck.ConvTiles(cluster_m=True), ck.ConvTiles(order="frames"), ck.ConvTiles(overlap=1),
+                 ck.ConvTiles(stages=3), ck.ConvTiles(stages=3, cluster_m=True, order="frames"),
+                 ck.ConvTiles(tile_n=128), ck.ConvTiles(tile_n=128, cluster_m=True, order="frames"),
+                 ck.ConvTiles(tile_m=128, tile_n=128, stages=3), ck.ConvTiles(tile_m=128, tile_n=128, stages=3, order="frames")]
+    tile_sets = {tag(t): t for t in sets}
     checks, rows = Checks(), []
 
     def save() -> None:
@@ -89,15 +96,15 @@ def main() -> None:
         serving = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl="fold2d")
         fold2d = jax.jit(lambda x, p, w: V._conv(x, w, jnp.zeros((w.shape[-1],), w.dtype), serving,
                                                  pad_hw=((1, 1), (1, 1)), past=p))
-        variants = {"xla fold2d bf16": (fold2d, jnp.bfloat16, None)}
-        for tag, tiles in tile_sets.items():
-            variants[f"kernel bf16 {tag}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
-                x, w, p, dtype=jnp.bfloat16, tiles=tiles, interpret=interpret)), jnp.bfloat16, None)
-            variants[f"kernel fp8 {tag}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
+        variants = {"xla fold2d bf16": (fold2d, jnp.bfloat16, None, None)}
+        for name_t, tiles in tile_sets.items():
+            variants[f"kernel bf16 {name_t}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
+                x, w, p, dtype=jnp.bfloat16, tiles=tiles, interpret=interpret)), jnp.bfloat16, None, tiles)
+            variants[f"kernel fp8 {name_t}"] = (jax.jit(lambda x, p, w, tiles=tiles: ck.causal_conv(
                 x, w, p, dtype=jnp.float8_e4m3fn, x_scale=sx, tiles=tiles, interpret=interpret)),
-                jnp.float8_e4m3fn, sx)
+                jnp.float8_e4m3fn, sx, tiles)
         base = None
-        for label, (fn, dtype, scale) in variants.items():
+        for label, (fn, dtype, scale, tiles) in variants.items():
             save()  # after every variant: a hang (run under `timeout`) keeps what came before
             print(f"{name} {label}: compiling", flush=True)
             try:
@@ -117,22 +124,44 @@ def main() -> None:
                              1e-2 if scale is not None else 5e-3)
                 oracle_gap = float(jnp.linalg.norm(rounded - exact) / jnp.linalg.norm(exact))
                 print(f"  (that oracle is {oracle_gap:.2e} off the exact conv: the operand rounding)", flush=True)
-            ms = statistics.median(time_ms(lambda: jax.block_until_ready(fn(x, past, kern)), 3, a.iters))
+            ms = statistics.median(time_ms(lambda: jax.block_until_ready(fn(x, past, kern)), warm, a.iters))
             err = float(jnp.linalg.norm(y.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
             base = ms if base is None else base
-            rows.append(dict(shape=name, variant=label, median_ms=ms, tflops=tflop / ms * 1e3,
-                             vs_xla=ms / base, rel_err_vs_exact=err))
+            row = dict(shape=name, variant=label, median_ms=ms, tflops=tflop / ms * 1e3, vs_xla=ms / base,
+                       rel_err_vs_exact=err)
+            if tiles is not None:  # the kernel alone, on operands prepared (padded, stacked, quantized) ahead
+                x_rows, wk, plan, _ = ck.prepare(x, kern, past, dtype=dtype, x_scale=scale, tiles=tiles,
+                                                 interpret=interpret)
+                alone = jax.jit(lambda r, w, plan=plan, tiles=tiles: ck.kernel_rows(r, w, plan, tiles, interpret))
+                row["kernel_ms"] = statistics.median(time_ms(lambda: jax.block_until_ready(alone(x_rows, wk)), warm, a.iters))
+                row["kernel_tflops"] = tflop / row["kernel_ms"] * 1e3
+            rows.append(row)
             print(f"{name:12s} {label:26s} {ms:8.3f} ms {tflop / ms * 1e3:7.0f} TFLOP/s "
-                  f"{ms / base:5.2f}x  err {err:.2e}", flush=True)
+                  f"{ms / base:5.2f}x  err {err:.2e}"
+                  + (f"  kernel alone {row['kernel_ms']:.3f} ms" if "kernel_ms" in row else ""), flush=True)
+        if not a.smoke:  # XLA's (cuBLAS) GEMM of the same M × K × N, M the kernel's pixels incl. pad columns
+            m, kk = t * (h + 2) * (-(-(w + 2) // 8) * 8), 27 * c
+            lhs = jax.random.normal(k[0], (m, kk), jnp.bfloat16)
+            rhs = (jax.random.normal(k[1], (kk, n), jnp.float32) / np.sqrt(kk)).astype(jnp.bfloat16)
+            for label, dt in (("xla gemm bf16, same MxKxN", jnp.bfloat16), ("xla gemm fp8, same MxKxN", jnp.float8_e4m3fn)):
+                gemm = jax.jit(lambda p, q: jnp.dot(p, q, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+                p8, q8 = lhs.astype(dt), rhs.astype(dt)
+                ms = statistics.median(time_ms(lambda: jax.block_until_ready(gemm(p8, q8)), warm, a.iters))
+                rows.append(dict(shape=name, variant=label, median_ms=ms, tflops=2 * m * kk * n / ms / 1e9,
+                                 vs_xla=ms / base))
+                print(f"{name:12s} {label:26s} {ms:8.3f} ms {2 * m * kk * n / ms / 1e9:7.0f} TFLOP/s", flush=True)
     save()
 
-    print(f"\n{'shape':12s} {'variant':26s} {'median ms':>10s} {'TFLOP/s':>8s} {'vs XLA':>7s} {'err vs exact':>13s}")
+    print(f"\n{'shape':12s} {'variant':28s} {'median ms':>10s} {'TFLOP/s':>8s} {'vs XLA':>7s} {'err vs exact':>13s}"
+          f" {'kernel alone ms':>16s} {'TFLOP/s':>8s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['shape']:12s} {r['variant']:26s} {'failed':>10s}")
+            print(f"{r['shape']:12s} {r['variant']:28s} {'failed':>10s}")
         else:
-            print(f"{r['shape']:12s} {r['variant']:26s} {r['median_ms']:10.3f} {r['tflops']:8.0f} "
-                  f"{r['vs_xla']:7.2f} {r['rel_err_vs_exact']:13.2e}")
+            err = f"{r['rel_err_vs_exact']:13.2e}" if "rel_err_vs_exact" in r else f"{'':13s}"
+            alone = f" {r['kernel_ms']:16.3f} {r['kernel_tflops']:8.0f}" if "kernel_ms" in r else ""
+            print(f"{r['shape']:12s} {r['variant']:28s} {r['median_ms']:10.3f} {r['tflops']:8.0f} "
+                  f"{r['vs_xla']:7.2f} {err}{alone}")
     checks.exit_if_failed()
 
 

@@ -33,6 +33,8 @@ from _harness import time_ms, write_json  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from rynn_jax.models.conv_kernel import ConvTiles  # noqa: E402
+
 _CATEGORIES = (  # first match wins, on the lower-cased kernel name
     ("attention", r"flash|fmha|_attn|attention|sdpa"),
     ("conv", r"conv(?!ert)|fprop|dgrad|wgrad|implicit_gemm|cudnn"),
@@ -61,6 +63,27 @@ def kernel_breakdown(fn, iters: int = 5, top: int = 25) -> dict:
     return dict(wall_ms=statistics.median(wall), **traced_breakdown(run, iters, top))
 
 
+def gpu_idle(spans: list[tuple[float, float, str]], calls: int) -> tuple[float, dict[str, float]]:
+    """GPU time of `calls` back-to-back calls from their kernels' (start_ns, end_ns, op) spans: the
+    calls' summed span (first kernel start to last kernel end of each, ns) and the idle inside them
+    charged to the kernel that ends each gap (ms per call: launch latency, or waiting on the host).
+    The calls − 1 longest gaps are taken to be the host between calls. wall − span / calls is host
+    time the GPU never overlaps: dispatch before the first kernel, sync after the last."""
+    if not spans:
+        return 0.0, {}
+    spans = sorted(spans)
+    gaps, end = [], spans[0][1]
+    for start, stop, op in spans[1:]:
+        if start > end:
+            gaps.append((start - end, op))
+        end = max(end, stop)
+    gaps.sort(reverse=True)
+    idle: dict[str, float] = collections.Counter()
+    for g, op in gaps[calls - 1:]:
+        idle[op] += g / 1e6 / calls
+    return end - spans[0][0] - sum(g for g, _ in gaps[:calls - 1]), dict(idle)
+
+
 def traced_breakdown(run, calls: int, top: int = 25) -> dict:
     """Run `run()` under the profiler; kernel time per call (of `calls`) by category and op."""
     with tempfile.TemporaryDirectory() as d:
@@ -71,8 +94,11 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
         by_cat: dict[str, float] = collections.Counter()
         by_op: dict[str, float] = collections.Counter()
         count: dict[str, int] = collections.Counter()
+        gap_by_op: dict[str, float] = collections.Counter()
+        span_ns = 0.0
         device_planes = [p for p in data.planes if p.name.startswith("/device:")]
         for plane in device_planes:
+            spans = []
             for line in plane.lines:
                 if "stream" not in line.name.lower():
                     continue  # GPU planes also carry summary lines ("XLA Ops", "Launch stats")
@@ -85,6 +111,10 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
                     by_cat[_category(ev.name)] += ms
                     by_op[f"{_category(ev.name)}:{op}"] += ms
                     count[f"{_category(ev.name)}:{op}"] += 1
+                    spans.append((ev.start_ns, ev.start_ns + ev.duration_ns, f"{_category(ev.name)}:{op}"))
+            span, idle = gpu_idle(spans, calls)
+            span_ns += span
+            gap_by_op.update(idle)
         if not device_planes:  # CPU: thunk events on the host plane
             for plane in data.planes:
                 for line in plane.lines:
@@ -97,15 +127,23 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
                             by_op[f"{_category(op)}:{op}"] += ms
                             count[f"{_category(op)}:{op}"] += 1
     return dict(busy_ms=sum(by_cat.values()), kernels_per_call=sum(count.values()) / calls,
+                gpu_span_ms=round(span_ns / 1e6 / calls, 3), idle_ms=round(sum(gap_by_op.values()), 3),
+                idle_before=[dict(op=k, ms=round(v, 3)) for k, v in gap_by_op.most_common(12)],
                 by_category={k: round(v, 3) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
                 top_ops=[dict(op=k, ms=round(v, 3), calls=count[k] // calls)
                          for k, v in by_op.most_common(top)])
 
 
 def _print(name: str, res: dict) -> None:
-    print(f"\n== {name}: wall {res['wall_ms']:.2f} ms, kernels {res['busy_ms']:.2f} ms "
+    print(f"\n== {name}: wall {res['wall_ms']:.2f} ms"
+          + (f" (queued back to back: {res['pipelined_ms']:.2f} ms per call)" if "pipelined_ms" in res else "")
+          + f", kernels {res['busy_ms']:.2f} ms "
           f"({res['kernels_per_call']:.0f} launches/call)")
     print("   by category: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_category"].items()))
+    if res.get("idle_before"):
+        print(f"   GPU span {res['gpu_span_ms']:.2f} ms (first kernel start to last end), idle inside it "
+              f"{res['idle_ms']:.2f} ms; most before: "
+              + ", ".join(f"{r['op'][:60]} {r['ms']:.2f}" for r in res["idle_before"][:6]))
     for row in res["top_ops"]:
         print(f"   {row['ms']:8.3f} ms  x{row['calls']:<4d} {row['op'][:110]}")
 
@@ -278,6 +316,10 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     return out
 
 
+_TILES = {  # --conv-tiles name: conv_kernel.SERVING_TILES
+    "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
+    "frames_c2": ConvTiles(order="frames", cluster_m=True),
+}
 _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
     "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),
     "quantize_first": ("quantize_first", False, True), "quantize_first_fused": ("quantize_first", False, False),
@@ -287,11 +329,12 @@ _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARR
 
 
 def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False,
-               fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,)) -> dict:
+               fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,),
+               orders: tuple[str | None, ...] = (None,)) -> dict:
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
     `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
-    None: conv_kernel's defaults)."""
+    None: conv_kernel's defaults); `orders`: kernel impls' tiles (_TILES names)."""
     import functools
 
     from flax import nnx
@@ -302,10 +345,14 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
-    runs = [(impl, pro) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))]
-    for impl, prologue in runs:
+    runs = [(impl, pro, order) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
+            for order in (orders if impl.startswith("kernel") else (None,))]
+    scales = {}  # static FP8 scales per impl: the knobs above change no value
+    for impl, prologue, order in runs:
         if prologue is not None:  # read when the step below is traced
             ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue]
+        if order is not None:
+            ck.SERVING_TILES = _TILES[order]
         cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
             dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
         model = V.init_vae(cfg, 0)
@@ -313,7 +360,9 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         static = fp8_static and impl == "kernel_fp8"
         if static:
             z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
-            model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False))
+            if impl not in scales:
+                scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
+            model = vae_fp8.with_static_scales(model, scales[impl])
         graphdef, params = nnx.split(model)
         # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
         kw = {"first": False} if static_branch else {}
@@ -333,8 +382,17 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         jax.block_until_ready(step(params, cache, x))
         res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
         res["first_call_s"] = time.perf_counter() - t0
+
+        def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
+            c = cache
+            for _ in range(n):
+                y, c = step(params, c, x)
+            jax.block_until_ready(y)
+        # throughput when the host queues calls ahead (as a streaming server does), per call
+        res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
         name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
                 + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
+                + (f", tiles {order}" if order is not None and len(orders) > 1 else "")
                 + (", static branch" if static_branch else ""))
         _print(name, res)
         out[name] = res
@@ -407,6 +465,8 @@ def main() -> None:
                    help="vae_*: kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
     p.add_argument("--fp8-prologue", nargs="+", choices=sorted(_PROLOGUES), default=None,
                    help="vae_*: kernel_fp8 variants of conv_kernel.FP8_PROLOGUE / FP8_PACKED / FP8_PROLOGUE_BARRIER")
+    p.add_argument("--conv-tiles", nargs="+", choices=sorted(_TILES), default=None,
+                   help="vae_*: kernel impls' tile variants (conv_kernel.SERVING_TILES: order, 2-CTA clusters)")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
@@ -426,7 +486,8 @@ def main() -> None:
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static,
-                                                prologues=tuple(a.fp8_prologue or (None,)))
+                                                prologues=tuple(a.fp8_prologue or (None,)),
+                                                orders=tuple(a.conv_tiles or (None,)))
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     if "stream" in a.targets:

@@ -39,14 +39,15 @@ def rel_l2(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("b,t,h,w,c,n,kt,overlap", [
-    (1, 2, 6, 10, 128, 64, 3, 0),  # two M tiles, the streaming case (2 cached frames)
-    (2, 1, 9, 14, 64, 128, 3, 1),  # batch 2, two N tiles, k_w·C = 192; slots released a step late
-    (1, 3, 5, 7, 128, 64, 1, 0),  # k_t = 1: a per-frame 2-D 3×3 conv (the upsamplers')
+@pytest.mark.parametrize("b,t,h,w,c,n,kt,overlap,order", [
+    (1, 2, 6, 10, 128, 64, 3, 0, "rows"),  # two M tiles, the streaming case (2 cached frames)
+    (2, 1, 9, 14, 64, 128, 3, 1, "rows"),  # batch 2, two N tiles, k_w·C = 192; slots released a step late
+    (1, 3, 5, 7, 128, 64, 1, 0, "rows"),  # k_t = 1: a per-frame 2-D 3×3 conv (the upsamplers')
+    (2, 2, 5, 9, 64, 128, 3, 0, "frames"),  # frame-major tile order over batch × frames × N tiles
 ])
-def test_bf16_kernel_matches_xla_conv(b, t, h, w, c, n, kt, overlap):
+def test_bf16_kernel_matches_xla_conv(b, t, h, w, c, n, kt, overlap, order):
     x, past, wt = _case(b, t, h, w, c, n, kt)
-    tiles = dataclasses.replace(SMALL, overlap=overlap)
+    tiles = dataclasses.replace(SMALL, overlap=overlap, order=order)
     y = ck.causal_conv(x, wt, past, dtype=jnp.bfloat16, tiles=tiles, interpret=_interpret())
     assert y.shape == (b, t, h, w, n) and y.dtype == jnp.bfloat16
     rounded = ck.causal_conv_reference(x, wt, past, dtype=jnp.bfloat16)
@@ -71,6 +72,10 @@ def test_fp8_kernel_matches_rounded_reference():
     ahead = ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=sx, w_fp8=(w_f8, w_scale), tiles=SMALL,
                            interpret=_interpret())
     np.testing.assert_array_equal(np.asarray(ahead, np.float32), np.asarray(y, np.float32))
+    # the tile order moves work between CTAs, not arithmetic: the same bits
+    frames = ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=sx, tiles=dataclasses.replace(SMALL, order="frames"),
+                            interpret=_interpret())
+    np.testing.assert_array_equal(np.asarray(frames, np.float32), np.asarray(y, np.float32))
     with pytest.raises(ValueError, match="w_fp8 must be"):
         ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, w_fp8=(w_f8[:, :-1], w_scale), tiles=SMALL)
     with pytest.raises(ValueError, match="w_fp8 must be"):
@@ -78,13 +83,14 @@ def test_fp8_kernel_matches_rounded_reference():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("cluster_m,overlap", [(False, 0), (True, 1)])
-def test_lowers_for_hopper(dtype, cluster_m, overlap):
+@pytest.mark.parametrize("cluster_m,overlap,order", [(False, 0, "rows"), (True, 1, "frames")])
+def test_lowers_for_hopper(dtype, cluster_m, overlap, order):
     """Mosaic GPU lowering for CUDA (from a CPU-only machine) with the serving tiles: the TMA
     boxes, shared-memory tiling/swizzle, the K-major FP8 weight layout, the 2-CTA clusters sharing
-    weight tiles (which the interpreter cannot run) and late slot release are accepted."""
+    weight tiles (which the interpreter cannot run), late slot release and the frame-major tile
+    order's offsets are accepted."""
     x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
-    tiles = ck.ConvTiles(cluster_m=cluster_m, overlap=overlap, num_sms=132)
+    tiles = ck.ConvTiles(cluster_m=cluster_m, overlap=overlap, order=order, num_sms=132)
     f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))
     text = f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
@@ -100,6 +106,8 @@ def test_bad_shapes_are_refused():
         ck.causal_conv(x, wt[..., :48], past, tiles=SMALL)  # N = 48 is no multiple of tile_n = 64
     with pytest.raises(ValueError, match="bfloat16 or float8_e4m3fn"):
         ck.causal_conv(x, wt, past, dtype=jnp.float16)
+    with pytest.raises(ValueError, match="tiles.order"):
+        ck.causal_conv(x, wt, past, tiles=dataclasses.replace(SMALL, order="cols"))
 
 
 def test_bench_runs_and_checks_on_a_cpu(tmp_path):
@@ -118,7 +126,8 @@ def test_bench_runs_and_checks_on_a_cpu(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(out.read_text())
     variants = {r["variant"] for r in rows["rows"] if "median_ms" in r}
-    assert {"xla fold2d bf16", "kernel bf16 m64n64s2", "kernel fp8 m64n64s2"} <= variants
+    assert {"xla fold2d bf16", "kernel bf16 m64n64s2fr", "kernel fp8 m64n64s2fr"} <= variants
+    assert all(r["kernel_ms"] > 0 for r in rows["rows"] if r["variant"].startswith("kernel"))
     assert rows["checks"] and all(c["ok"] for c in rows["checks"])
 
 

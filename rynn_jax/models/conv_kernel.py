@@ -3,7 +3,7 @@
 Why: the exact Wan2.2 decoder is conv-bound (29.4 TFLOP per 480×832 chunk) and XLA emits no FP8
 convolution (docs/PERFORMANCE.md, "FP8 VAE convolutions"); FP8 tensor cores are the only way below
 its bf16 floor. Numerics are checked on the CPU in Mosaic GPU's interpret mode (bf16, and FP8 with
-(K, N) weights, see _conv_rows). On an H200 the FP8 kernel takes 0.66–0.82× of cuDNN's bf16 conv
+(K, N) weights, see kernel_rows). On an H200 the FP8 kernel takes 0.66–0.82× of cuDNN's bf16 conv
 time, the bf16 kernel 1.1–1.5× (bench/bench_conv.py; docs/PERFORMANCE.md); nothing uses it by
 default (WanVAEConfig.conv_impl="kernel_fp8" opts in, for the decoder).
 
@@ -40,6 +40,11 @@ class ConvTiles:
     num_sms: int | None = None  # persistent grid size; None: the GPU's SM count (2 when interpreted)
     cluster_m: bool = False  # pairs of CTAs on neighbouring M tiles share (multicast) each weight tile
     overlap: int = 0  # wgmma groups left in flight per step (slots released that many steps late)
+    # Tile order. "rows": consecutive CTAs take consecutive pixel tiles, so the three frames a tile
+    # reads (dt = 0, 1, 2) are far apart and each input row comes from HBM once per dt. "frames":
+    # consecutive CTAs take the same tile position in consecutive output frames (each frame's output
+    # padded to whole tiles), so a wave's dt shifts land on rows its neighbours just loaded.
+    order: str = "rows"
 
     @property
     def m_unit(self) -> int:
@@ -63,6 +68,9 @@ class _Plan:
     row: int  # row pitch Wp (a multiple of 8)
     rows_in: int  # input rows per batch item (flattened padded frames + zero tail)
     rows_out: int  # output rows per batch item (a multiple of the tiles' m_unit)
+    blocks: int = 1  # output blocks visited before the next tile position ("frames" order: T)
+    block_in: int = 0  # input rows between blocks (the frame, or 0 for one block)
+    block_out: int = 0  # output rows per block (a multiple of m_unit)
 
 
 def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool):
@@ -74,8 +82,8 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     n_total = out_gmem.shape[1]
     tile_m, tile_n, tile_k, cta_m = tiles.tile_m, tiles.tile_n, tiles.tile_k(dtype), tiles.cta_m
     clusters = 2 if tiles.cluster_m else 1
-    m_tiles, n_tiles = plan.rows_out // cta_m, n_total // tile_n
-    m_units = m_tiles // clusters
+    n_tiles = n_total // tile_n
+    m_units = (plan.block_out or plan.rows_out) // (cta_m * clusters)  # per block
     k_per_tap = c // tile_k
     taps = plan.taps[0] * plan.taps[1]
 
@@ -119,14 +127,15 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cluster")
 
-        @plgpu.nd_loop((plan.batch * m_units * n_tiles,), collective_axes="cluster_grid")
+        @plgpu.nd_loop((plan.batch * m_units * plan.blocks * n_tiles,), collective_axes="cluster_grid")
         def _tile(info):
             (lin,) = info.index
             n_idx = lax.rem(lin, jnp.int32(n_tiles))  # N fastest: an A tile is reused from L2
-            bm = lax.div(lin, jnp.int32(n_tiles))
-            b, m_unit = lax.div(bm, jnp.int32(m_units)), lax.rem(bm, jnp.int32(m_units))
+            rest = lax.div(lin, jnp.int32(n_tiles))
+            blk, rest = lax.rem(rest, jnp.int32(plan.blocks)), lax.div(rest, jnp.int32(plan.blocks))
+            b, m_unit = lax.div(rest, jnp.int32(m_units)), lax.rem(rest, jnp.int32(m_units))
             m_idx = m_unit * clusters + cta
-            out_rows = pl.ds(b * plan.rows_out + m_idx * cta_m + wg * tile_m, tile_m)
+            out_rows = pl.ds(b * plan.rows_out + blk * plan.block_out + m_idx * cta_m + wg * tile_m, tile_m)
 
             def context(run):
                 @functools.partial(pl.run_scoped, acc=plgpu.ACC((tile_m, tile_n), jnp.float32))
@@ -148,7 +157,7 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
                 plgpu.wgmma_wait(tiles.overlap)  # reading acc after the loop waits for the rest
                 return acc
 
-            pipeline(body, context, b * plan.rows_in + m_idx * cta_m)(x_gmem, weight_tile(n_idx),
+            pipeline(body, context, b * plan.rows_in + blk * plan.block_in + m_idx * cta_m)(x_gmem, weight_tile(n_idx),
                                                                        allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -161,7 +170,8 @@ def _sm_count() -> int:
     return (getattr(device, "core_count", None) or 2) if device.platform == "gpu" else 2
 
 
-def _conv_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, interpret: Any) -> jax.Array:
+def kernel_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, interpret: Any = None) -> jax.Array:
+    """The kernel alone on `prepare`d operands: (B·rows_out, N) bf16, unscaled."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     # FP8 weights go K-major (N, K) for the GPU; the CPU interpreter cannot transpose shared-memory
@@ -188,8 +198,20 @@ def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvT
     return kh % 2 == 1 and kw % 2 == 1 and (kw * c) % tiles.tile_k(dtype) == 0 and n % 64 == 0
 
 
-def fitted_tiles(n: int, tiles: ConvTiles = ConvTiles()) -> ConvTiles:
-    """`tiles` with tile_n (and epi_n) cut to divide N: 256 → 128 → 64."""
+# The tiles the VAE's convs use (vae._conv via fitted_tiles); an A/B knob for bench/profile_ops.py.
+# H200, static-FP8 decode chunk at 480×832 in one process (bench/profile_ops.py --conv-tiles rows
+# frames_c2): kernel time 21.04 → 20.49 ms, all kernels 32.32 → 31.64 ms; the kernel alone at
+# 240×416×256 (prepared operands) 1.255 → 1.138 ms.
+SERVING_TILES = ConvTiles(order="frames", cluster_m=True)
+
+
+def fitted_tiles(n: int, tiles: ConvTiles | None = None) -> ConvTiles:
+    """`tiles` (default SERVING_TILES) with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
+    Off a GPU (Mosaic's interpreter, which has no clusters) without 2-CTA clusters: they change
+    which CTA loads a weight tile, not a single output bit."""
+    tiles = SERVING_TILES if tiles is None else tiles
+    if tiles.cluster_m and jax.default_backend() != "gpu":
+        tiles = dataclasses.replace(tiles, cluster_m=False)
     tile_n = next(t for t in (tiles.tile_n, 128, 64) if t <= tiles.tile_n and n % t == 0)
     return dataclasses.replace(tiles, tile_n=tile_n, epi_n=min(tiles.epi_n, tile_n))
 
@@ -237,6 +259,25 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
     `w_fp8`: the kernel already quantized by `quantize_kernel`, else quantized here).
     Returns bf16 (B, T, H, W, N). `interpret`: Mosaic GPU interpret params, to run on a CPU.
     """
+    b, t, h, w, _ = x_bthwc.shape
+    n = kernel_thwio.shape[-1]
+    x_rows, wk, plan, out_scale = prepare(x_bthwc, kernel_thwio, past, dtype=dtype, x_scale=x_scale, w_fp8=w_fp8,
+                                          tiles=tiles, interpret=interpret)
+    y = kernel_rows(x_rows, wk, plan, tiles, interpret)
+    if out_scale is not None:
+        y = (y.astype(jnp.float32) * out_scale).astype(jnp.bfloat16)
+    s, s_out = plan.frame, plan.block_out or None
+    y = y.reshape(b, t, s_out, n)[:, :, :s] if s_out else y.reshape(b, plan.rows_out, n)[:, :t * s]
+    return y.reshape(b, t, s // plan.row, plan.row, n)[:, :, :h, :w]
+
+
+def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
+            dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
+            w_fp8: tuple[jax.Array, jax.Array] | None = None, tiles: ConvTiles = ConvTiles(),
+            interpret: Any = None) -> tuple[jax.Array, jax.Array, _Plan, jax.Array | None]:
+    """`causal_conv`'s checks and operand preparation (padding, tap stacking, quantization): the
+    kernel's input rows (B·rows_in, k_w·C), weights, plan, and the FP8 output scale (N,) (None for
+    bf16). `kernel_rows` of the first three is the kernel alone (bench/bench_conv.py times both)."""
     b, t, h, w, c = x_bthwc.shape
     kt, kh, kw, c_in, n = kernel_thwio.shape
     fp8 = jnp.dtype(dtype).itemsize == 1
@@ -250,11 +291,20 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
     if (kw * c) % tiles.tile_k(dtype) or n % tiles.tile_n or tiles.tile_n % tiles.epi_n:
         raise ValueError(f"k_w·C = {kw * c} must be a multiple of {tiles.tile_k(dtype)} and N = {n} of "
                          f"tile_n = {tiles.tile_n} (a multiple of epi_n = {tiles.epi_n})")
+    if tiles.order not in ("rows", "frames"):
+        raise ValueError(f"tiles.order must be 'rows' or 'frames', got {tiles.order!r}")
     hp, wp = h + kh - 1, -(-(w + kw - 1) // 8) * 8  # row pitch a multiple of 8 (module docstring)
     s = hp * wp
-    rows_out = -(-t * s // tiles.m_unit) * tiles.m_unit
-    rows_in = rows_out + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
-    plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out)
+    if tiles.order == "frames":  # each output frame padded to whole tiles (its last tile reads into
+        # the next frame; those outputs are sliced off)
+        s_out = -(-s // tiles.m_unit) * tiles.m_unit
+        rows_out, last_in = t * s_out, (t - 1) * s + s_out
+        plan_blocks = dict(blocks=t, block_in=s, block_out=s_out)
+    else:
+        rows_out = last_in = -(-t * s // tiles.m_unit) * tiles.m_unit
+        plan_blocks = {}
+    rows_in = last_in + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
+    plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out, **plan_blocks)
 
     if w_fp8 is not None and (not fp8 or w_fp8[0].shape != (n, kt * kh * kw * c) or w_fp8[1].shape != (n,)
                               or w_fp8[0].dtype != jnp.float8_e4m3fn):
@@ -272,7 +322,7 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
             parts = [_pack_words(p) for p in parts] if packed else parts
             parts = list(lax.optimization_barrier(parts)) if FP8_PROLOGUE_BARRIER else parts
         wk, sw = quantize_kernel(kernel_thwio) if w_fp8 is None else w_fp8
-        wk = wk if interpret is None else wk.T  # see _conv_rows
+        wk = wk if interpret is None else wk.T  # see kernel_rows
     else:
         parts = [p.astype(dtype) for p in parts]
         wk = kernel_thwio.reshape(kt * kh * kw * c, n).astype(dtype)  # K order (dt, dh, dw, c): taps, stacked channels
@@ -285,10 +335,7 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
         xx = _pack_words(xx) if packed else xx
     x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
     x_rows = _unpack_words(x_rows) if packed else x_rows
-    y = _conv_rows(x_rows.reshape(b * rows_in, kw * c), wk, plan, tiles, interpret)
-    if fp8:
-        y = (y.astype(jnp.float32) * (sx * sw)).astype(jnp.bfloat16)
-    return y.reshape(b, plan.rows_out, n)[:, :t * s].reshape(b, t, hp, wp, n)[:, :, :h, :w]
+    return x_rows.reshape(b * rows_in, kw * c), wk, plan, (sx * sw if fp8 else None)
 
 
 def causal_conv_reference(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
