@@ -3,6 +3,7 @@ implicit-GEMM kernel (models/conv_kernel.py) in bf16 and FP8, side by side in on
 
     python bench/bench_conv.py --out bench/results/conv_kernel_h200.json
     python bench/bench_conv.py --sweep --shapes 240x416x256      # a few tile configurations
+    python bench/bench_conv.py --taps-in-kernel                   # horizontal taps read in the kernel
     python bench/bench_conv.py --smoke                            # CPU: a tiny shape, interpret mode
 
 A first GPU run of a new kernel may hang; run it under `timeout`: the JSON is rewritten before
@@ -16,12 +17,15 @@ medians of wall time per call including each variant's operand preparation (padd
 quantisation); kernel rows also time the kernel alone on operands prepared ahead
 (conv_kernel.prepare / kernel_rows), and XLA's GEMM of the same M × K × N is the library reference
 for the kernel's rate. Tile tags: m{tile_m}n{tile_n}s{stages}, c2 = 2-CTA clusters sharing weight
-tiles, o1 = overlap, fr = frame-major tile order (conv_kernel.ConvTiles). Needs a Hopper GPU.
+tiles, o1 = overlap, fr = frame-major tile order, e32 = epi_n 32, hk = horizontal taps read in the
+kernel (conv_kernel.ConvTiles; `--taps-in-kernel` times just those against the serving tiles).
+Needs a Hopper GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -43,6 +47,8 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES)[:3])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true", help="also time other tile configurations")
+    p.add_argument("--taps-in-kernel", action="store_true",
+                   help="time the serving tiles with ConvTiles(taps_in_kernel=True) against stacked taps (GPU only)")
     p.add_argument("--smoke", action="store_true",
                    help="the tiny 'smoke' shape in Mosaic GPU interpret mode, to check this script on a CPU")
     p.add_argument("--out", default="bench/results/conv_kernel.json")
@@ -67,7 +73,8 @@ def main() -> None:
         raise SystemExit("bench_conv needs a Hopper GPU (or --smoke: interpret mode on a CPU)")
     def tag(t: ck.ConvTiles) -> str:  # m64n256s4 (+ c2: 2-CTA clusters, o1: overlap, fr: frame-major order)
         return (f"m{t.tile_m}n{t.tile_n}s{t.stages}" + ("c2" if t.cluster_m else "") + (f"o{t.overlap}" if t.overlap else "")
-                + ("fr" if t.order == "frames" else ""))
+                + ("fr" if t.order == "frames" else "") + (f"e{t.epi_n}" if t.epi_n != 64 else "")
+                + ("hk" if t.taps_in_kernel else ""))
     sets = [ck.ConvTiles(), ck.SERVING_TILES]
     if a.smoke:
         sets = [ck.ConvTiles(tile_n=64, stages=2, num_sms=2, order="frames")]
@@ -75,7 +82,13 @@ def main() -> None:
         sets += [ck.ConvTiles(cluster_m=True), ck.ConvTiles(order="frames"), ck.ConvTiles(overlap=1),
                  ck.ConvTiles(stages=3), ck.ConvTiles(stages=3, cluster_m=True, order="frames"),
                  ck.ConvTiles(tile_n=128), ck.ConvTiles(tile_n=128, cluster_m=True, order="frames"),
-                 ck.ConvTiles(tile_m=128, tile_n=128, stages=3), ck.ConvTiles(tile_m=128, tile_n=128, stages=3, order="frames")]
+                 ck.ConvTiles(tile_m=128, tile_n=128, stages=3), ck.ConvTiles(tile_m=128, tile_n=128, stages=3, order="frames"),
+                 ck.ConvTiles(stages=3, cluster_m=True, order="frames", taps_in_kernel=True),
+                 ck.ConvTiles(epi_n=32, cluster_m=True, order="frames", taps_in_kernel=True)]
+    if a.taps_in_kernel:  # just the serving tiles with and without the horizontal taps read in the kernel
+        sets = [ck.SERVING_TILES, dataclasses.replace(ck.SERVING_TILES, stages=3),
+                dataclasses.replace(ck.SERVING_TILES, stages=3, taps_in_kernel=True),
+                dataclasses.replace(ck.SERVING_TILES, epi_n=32, taps_in_kernel=True)]
     tile_sets = {tag(t): t for t in sets}
     checks, rows = Checks(), []
 

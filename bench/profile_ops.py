@@ -319,6 +319,8 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
 _TILES = {  # --conv-tiles name: conv_kernel.SERVING_TILES
     "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
     "frames_c2": ConvTiles(order="frames", cluster_m=True),
+    "frames_c2_s3": ConvTiles(order="frames", cluster_m=True, stages=3),
+    "frames_c2_s3_hk": ConvTiles(order="frames", cluster_m=True, stages=3, taps_in_kernel=True),
 }
 _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
     "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),
@@ -466,7 +468,8 @@ def main() -> None:
     p.add_argument("--fp8-prologue", nargs="+", choices=sorted(_PROLOGUES), default=None,
                    help="vae_*: kernel_fp8 variants of conv_kernel.FP8_PROLOGUE / FP8_PACKED / FP8_PROLOGUE_BARRIER")
     p.add_argument("--conv-tiles", nargs="+", choices=sorted(_TILES), default=None,
-                   help="vae_*: kernel impls' tile variants (conv_kernel.SERVING_TILES: order, 2-CTA clusters)")
+                   help="vae_*: kernel impls' tile variants (conv_kernel.SERVING_TILES: order, 2-CTA clusters, "
+                        "stages, hk = horizontal taps read in the kernel)")
     p.add_argument("--fp8-conv", action="store_true",
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],

@@ -46,6 +46,13 @@ class ConvTiles:
     # consecutive CTAs take the same tile position in consecutive output frames (each frame's output
     # padded to whole tiles), so a wave's dt shifts land on rows its neighbours just loaded.
     order: str = "rows"
+    # Horizontal taps. False: the prologue stacks them on channels (3× the input bytes; every A tile
+    # then feeds wgmma from shared memory). True: the input is not stacked; each A tile carries 8
+    # extra rows and every warpgroup loads its rows shifted by dw into registers for a register-lhs
+    # wgmma. Lowers for CUDA (tested); Mosaic's interpreter cannot run it, so its values are checked
+    # on a GPU only (bench/bench_conv.py, tests/test_conv_kernel.py's GPU test). Shared memory per
+    # stage grows by 8 rows: with the default 4 stages and epi_n it no longer fits (use 3 stages).
+    taps_in_kernel: bool = False
 
     @property
     def m_unit(self) -> int:
@@ -72,6 +79,7 @@ class _Plan:
     blocks: int = 1  # output blocks visited before the next tile position ("frames" order: T)
     block_in: int = 0  # input rows between blocks (the frame, or 0 for one block)
     block_out: int = 0  # output rows per block (a multiple of m_unit)
+    kw: int = 1  # horizontal taps read by the kernel (1: stacked on channels by the prologue)
 
 
 def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool):
@@ -85,23 +93,28 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     clusters = 2 if tiles.cluster_m else 1
     n_tiles = n_total // tile_n
     m_units = (plan.block_out or plan.rows_out) // (cta_m * clusters)  # per block
-    k_per_tap = c // tile_k
-    taps = plan.taps[0] * plan.taps[1]
+    k_per_tap = c // tile_k  # K steps per tap (per (dt, dh, dw) when the kernel reads the dw taps)
+    taps = plan.taps[0] * plan.taps[1] * plan.kw
+    a_rows = cta_m + (8 if plan.kw > 1 else 0)  # room for the dw ≤ 7 row shift
 
     def tiled(dt: Any, minor: int) -> tuple:
         swizzle = plgpu.find_swizzle(minor * jnp.dtype(dt).itemsize * 8)
         return plgpu.TilingTransform((8, swizzle // jnp.dtype(dt).itemsize)), plgpu.SwizzleTransform(swizzle)
 
     def a_row(step: jax.Array) -> jax.Array:
-        tap = lax.div(step, jnp.int32(k_per_tap))  # non-negative: plain integer division
+        tap = lax.div(step, jnp.int32(k_per_tap * plan.kw))  # (dt, dh); non-negative: plain division
         kh = jnp.int32(plan.taps[1])
         # Written as multiples of frame and row so that Mosaic sees the offset is 8-aligned.
         return lax.div(tap, kh) * plan.frame + lax.rem(tap, kh) * plan.row
 
     def pipeline(body, context, a_base):
-        a_spec = plgpu.BlockSpec((pl.Element(cta_m), tile_k),
+        # Shifted register loads need rows at any offset: plain shared memory (tiled memory only
+        # slices at multiples of 8 rows, and Mosaic's warpgroup lowering takes no swizzle untiled),
+        # so these loads likely meet bank conflicts: to be timed.
+        a_transforms = () if plan.kw > 1 else tiled(dtype, tile_k)
+        a_spec = plgpu.BlockSpec((pl.Element(a_rows), tile_k),
                                  lambda k: (a_base + a_row(k), lax.rem(k, jnp.int32(k_per_tap))),
-                                 transforms=tiled(dtype, tile_k), memory_space=plgpu.SMEM,
+                                 transforms=a_transforms, memory_space=plgpu.SMEM,
                                  delay_release=tiles.overlap)
         # FP8 wgmma wants both operands K-major: FP8 weights are stored (N, K).
         b_block, b_index = ((tile_n, tile_k), lambda k: (0, k)) if kmajor else ((tile_k, tile_n), lambda k: (k, 0))
@@ -152,9 +165,15 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
                             out_smem.at[wg, j % 2],
                             out_gmem.at[out_rows, pl.ds(n_idx * tile_n + j * tiles.epi_n, tiles.epi_n)])
 
-            def body(_, a_smem, b_smem, acc):
+            def body(idx, a_smem, b_smem, acc):
                 rhs = plgpu.transpose_ref(b_smem, (1, 0)) if kmajor else b_smem
-                plgpu.wgmma(acc, a_smem.at[pl.ds(wg * tile_m, tile_m)], rhs)
+                if plan.kw > 1:  # this step's dw: its rows shifted into registers
+                    dw = lax.rem(lax.div(idx[0], jnp.int32(k_per_tap)), jnp.int32(plan.kw))
+                    lhs = _load_rows(plgpu, a_smem, wg * tile_m + dw, tile_m,
+                                     plgpu.Layout.WGMMA_8BIT if jnp.dtype(dtype).itemsize == 1 else plgpu.Layout.WGMMA)
+                else:
+                    lhs = a_smem.at[pl.ds(wg * tile_m, tile_m)]
+                plgpu.wgmma(acc, lhs, rhs)
                 plgpu.wgmma_wait(tiles.overlap)  # reading acc after the loop waits for the rest
                 return acc
 
@@ -162,6 +181,18 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
                                                                        allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _load_rows(plgpu, ref, start, rows: int, layout):
+    """rows [start, start + rows) of a shared-memory ref into registers (jax 0.10 takes the index
+    as an argument, later versions as ref.at[...])."""
+    import inspect
+
+    import jax.experimental.pallas as pl
+
+    if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:
+        return plgpu.load(ref, (pl.ds(start, rows), slice(None)), layout=layout, optimized=False)
+    return plgpu.load(ref.at[pl.ds(start, rows)], layout=layout, optimized=False)
 
 
 def _sm_count() -> int:
@@ -177,6 +208,9 @@ def kernel_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, 
 
     # FP8 weights go K-major (N, K) for the GPU; the CPU interpreter cannot transpose shared-memory
     # tiles, so there they stay (K, N) (the only difference between the interpreted and real kernel).
+    if plan.kw > 1 and interpret is not None:
+        raise NotImplementedError("ConvTiles(taps_in_kernel=True) has no interpret mode (Mosaic's interpreter "
+                                  "cannot load shared memory into registers); it runs on Hopper GPUs only")
     kmajor = jnp.dtype(x_rows.dtype).itemsize == 1 and interpret is None
     n = w.shape[0] if kmajor else w.shape[1]
     clusters = 2 if tiles.cluster_m else 1
@@ -208,11 +242,12 @@ SERVING_TILES = ConvTiles(order="frames", cluster_m=True)
 
 def fitted_tiles(n: int, tiles: ConvTiles | None = None) -> ConvTiles:
     """`tiles` (default SERVING_TILES) with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
-    Off a GPU (Mosaic's interpreter, which has no clusters) without 2-CTA clusters: they change
-    which CTA loads a weight tile, not a single output bit."""
+    Off a GPU (Mosaic's interpreter) without 2-CTA clusters and with stacked horizontal taps, which
+    it cannot run: they change which CTA loads a weight tile and where the taps are gathered, not a
+    single output bit."""
     tiles = SERVING_TILES if tiles is None else tiles
-    if tiles.cluster_m and jax.default_backend() != "gpu":
-        tiles = dataclasses.replace(tiles, cluster_m=False)
+    if jax.default_backend() != "gpu":
+        tiles = dataclasses.replace(tiles, cluster_m=False, taps_in_kernel=False)
     tile_n = next(t for t in (tiles.tile_n, 128, 64) if t <= tiles.tile_n and n % t == 0)
     return dataclasses.replace(tiles, tile_n=tile_n, epi_n=min(tiles.epi_n, tile_n))
 
@@ -305,7 +340,11 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
         rows_out = last_in = -(-t * s // tiles.m_unit) * tiles.m_unit
         plan_blocks = {}
     rows_in = last_in + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
-    plan = _Plan(b, (kt, kh), s, wp, rows_in, rows_out, **plan_blocks)
+    # channels off whole 128-byte steps (or k_w > 8) keep the stacked taps: the same bits
+    in_kernel = tiles.taps_in_kernel and 1 < kw <= 8 and c % tiles.tile_k(dtype) == 0
+    # each batch item's rows: + 8 for the last A tile's shifted rows
+    plan = _Plan(b, (kt, kh), s, wp, rows_in + (8 if in_kernel else 0), rows_out, **plan_blocks,
+                 kw=kw if in_kernel else 1)
 
     if w_fp8 is not None and (not fp8 or w_fp8[0].shape != (n, kt * kh * kw * c) or w_fp8[1].shape != (n,)
                               or w_fp8[0].dtype != jnp.float8_e4m3fn):
@@ -334,9 +373,12 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
     if fp8 and FP8_PROLOGUE == "pad_first":
         xx = fp8_lib.to_fp8(xx, sx)
         xx = _pack_words(xx) if packed else xx
-    x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
+    if in_kernel:  # not stacked: the kernel reads the horizontal taps as row shifts
+        x_rows = jnp.pad(xx, ((0, 0), (0, plan.rows_in - xx.shape[1]), (0, 0)))
+    else:
+        x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
     x_rows = _unpack_words(x_rows) if packed else x_rows
-    return x_rows.reshape(b * rows_in, kw * c), wk, plan, (sx * sw if fp8 else None)
+    return x_rows.reshape(b * plan.rows_in, x_rows.shape[-1]), wk, plan, (sx * sw if fp8 else None)
 
 
 def causal_conv_reference(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
