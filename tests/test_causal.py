@@ -17,6 +17,10 @@ from rynn_jax.models import causal
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.teleop import streaming
 
+# Every test here is compiling-bound (sessions of many programs, eager ops on tiny arrays): XLA's
+# cheapest compile (tests/conftest.py); the checks compare computations compiled the same way.
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
 CFG = WanDiTConfig.tiny(control="add", num_layers=2)
 LATENT_HW = (2, 4)  # → 2 tokens per latent frame
 
@@ -339,7 +343,7 @@ def test_in_place_working_cache_equals_forward_block(model, policy):
         causal.forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
 
 
-def test_streaming_session_with_merged_clean_pass_matches(model, fast_compile):
+def test_streaming_session_with_merged_clean_pass_matches(model):
     """StepConfig(merge_clean_pass=True): the session gives the same frames as the sequential one
     across re-anchoring, with one executable per kind of block."""
     from rynn_jax.models.vae import WanVAEConfig, init_vae
