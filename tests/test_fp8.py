@@ -17,6 +17,8 @@ from rynn_jax.models import fp8
 from rynn_jax.models.fp8 import calibrate, fp8_matmul, quantize_dit, quantize_weight
 
 E4M3 = ml_dtypes.float8_e4m3fn
+# Compiling-bound tests (tiny models, eager ops): XLA's cheapest compile (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def rel_l2(ours, ref) -> float:
@@ -317,7 +319,7 @@ def test_fp8_params_have_logical_axes():
     assert tuple(specs[("blocks", "ffn_up", "input_scale")]) == ("layers", None)
 
 
-def test_streaming_session_serves_a_quantized_dit(fast_compile):
+def test_streaming_session_serves_a_quantized_dit():
     """The FP8 model drops into the streaming session (cached causal passes, both VAEs): the same
     session with the float DiT gives close frames."""
     import dataclasses
