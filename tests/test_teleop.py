@@ -18,6 +18,9 @@ from rynn_jax.teleop import demo
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
 from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
 
+# Compiling-bound tests (tiny models): XLA's cheapest compile (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
 
 def test_stream_round_trip_to_camera_frame():
     stream = synthetic_stream(9, seed=0)
@@ -115,7 +118,7 @@ def test_demo_end_to_end_small(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")       # ffmpeg subprocesses reading the videos
-def test_demo_sim_world_end_to_end(tmp_path, capsys, fast_compile):
+def test_demo_sim_world_end_to_end(tmp_path, capsys):
     """`python serve.py demo --world sim` (demo v0) at CI size: a 33-frame episode at 32×64,
     13 generated frames (two causal blocks), all outputs written and consistent."""
     import imageio.v3 as iio
