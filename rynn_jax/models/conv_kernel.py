@@ -242,8 +242,8 @@ SERVING_TILES = ConvTiles(order="frames", cluster_m=True)
 
 def fitted_tiles(n: int, tiles: ConvTiles | None = None) -> ConvTiles:
     """`tiles` (default SERVING_TILES) with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
-    Off a GPU (Mosaic's interpreter) without 2-CTA clusters and with stacked horizontal taps, which
-    it cannot run: they change which CTA loads a weight tile and where the taps are gathered, not a
+    Off a GPU (Mosaic's interpreter runs neither) 2-CTA clusters and in-kernel horizontal taps are
+    turned off: they change which CTA loads a weight tile and where the taps are gathered, not a
     single output bit."""
     tiles = SERVING_TILES if tiles is None else tiles
     if jax.default_backend() != "gpu":
@@ -312,7 +312,7 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
             w_fp8: tuple[jax.Array, jax.Array] | None = None, tiles: ConvTiles = ConvTiles(),
             interpret: Any = None) -> tuple[jax.Array, jax.Array, _Plan, jax.Array | None]:
     """`causal_conv`'s checks and operand preparation (padding, tap stacking, quantization): the
-    kernel's input rows (B·rows_in, k_w·C), weights, plan, and the FP8 output scale (N,) (None for
+    kernel's input rows (B·rows_in, k_w·C; C when the kernel reads the horizontal taps), weights, plan, and the FP8 output scale (N,) (None for
     bf16). `kernel_rows` of the first three is the kernel alone (bench/bench_conv.py times both)."""
     b, t, h, w, c = x_bthwc.shape
     kt, kh, kw, c_in, n = kernel_thwio.shape
