@@ -46,9 +46,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES)[:3])
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--sweep", action="store_true", help="also time other tile configurations")
-    p.add_argument("--taps-in-kernel", action="store_true",
-                   help="time the serving tiles with ConvTiles(taps_in_kernel=True) against stacked taps (GPU only)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--sweep", action="store_true", help="also time other tile configurations")
+    which.add_argument("--taps-in-kernel", action="store_true",
+                       help="time the serving tiles with ConvTiles(taps_in_kernel=True) against stacked taps (GPU only)")
     p.add_argument("--smoke", action="store_true",
                    help="the tiny 'smoke' shape in Mosaic GPU interpret mode, to check this script on a CPU")
     p.add_argument("--out", default="bench/results/conv_kernel.json")

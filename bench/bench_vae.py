@@ -72,19 +72,20 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
     y.block_until_ready()
     state = {"cache": cache, "i": 1}
 
-    def one_decode():
+    def dispatch_decode():  # the next later chunk (cycling over the clip), not waited for
         i = 1 + (state["i"] - 1) % ((latent_frames - 1) // k) * k
         state["out"], state["cache"] = dec_step(params, state["cache"], z[:, i:i + k])
-        state["out"].block_until_ready()
         state["i"] += 1
+
+    def one_decode():
+        dispatch_decode()
+        state["out"].block_until_ready()
 
     t_dec = time_ms(one_decode, 2, iters)
 
     def queued_decode(n: int = 8):  # calls queued back to back, as a streaming server dispatches them
         for _ in range(n):
-            i = 1 + (state["i"] - 1) % ((latent_frames - 1) // k) * k
-            state["out"], state["cache"] = dec_step(params, state["cache"], z[:, i:i + k])
-            state["i"] += 1
+            dispatch_decode()
         state["out"].block_until_ready()
 
     t_queued = [t / 8 for t in time_ms(queued_decode, 1, max(3, iters // 4))]

@@ -332,11 +332,11 @@ _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARR
 
 def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False,
                fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,),
-               orders: tuple[str | None, ...] = (None,)) -> dict:
+               tile_sets: tuple[str | None, ...] = (None,)) -> dict:
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
     `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
-    None: conv_kernel's defaults); `orders`: kernel impls' tiles (_TILES names)."""
+    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (_TILES names; None: SERVING_TILES)."""
     import functools
 
     from flax import nnx
@@ -347,57 +347,60 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
-    runs = [(impl, pro, order) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
-            for order in (orders if impl.startswith("kernel") else (None,))]
-    scales = {}  # static FP8 scales per impl: the knobs above change no value
-    for impl, prologue, order in runs:
-        if prologue is not None:  # read when the step below is traced
-            ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue]
-        if order is not None:
-            ck.SERVING_TILES = _TILES[order]
-        cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
-            dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
-        model = V.init_vae(cfg, 0)
-        key = jax.random.key(0)
-        static = fp8_static and impl == "kernel_fp8"
-        if static:
-            z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
-            if impl not in scales:
-                scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
-            model = vae_fp8.with_static_scales(model, scales[impl])
-        graphdef, params = nnx.split(model)
-        # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
-        kw = {"first": False} if static_branch else {}
-        if which == "decode":
-            step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
-            cache = V.init_decode_cache(cfg, 1, h, w)
-            x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
-        else:
-            step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
-            cache = V.init_encode_cache(cfg, 1, h, w)
-            x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
-        # past the first chunk (the static later-chunk program cannot run it: a cond program does)
-        warm = step if not static_branch else jax.jit(
-            functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef))
-        _, cache = warm(params, cache, x)
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(params, cache, x))
-        res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
-        res["first_call_s"] = time.perf_counter() - t0
+    runs = [(impl, pro, tiles_name) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
+            for tiles_name in (tile_sets if impl.startswith("kernel") else (None,))]
+    scales = {}  # static FP8 scales per impl: the knobs below change no value
+    defaults = (ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES)
+    try:
+        for impl, prologue, tiles_name in runs:
+            # conv_kernel's knobs, read when the step below is traced; None: its defaults
+            ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue] if prologue else defaults[:3]
+            ck.SERVING_TILES = _TILES[tiles_name] if tiles_name else defaults[3]
+            cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
+                dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
+            model = V.init_vae(cfg, 0)
+            key = jax.random.key(0)
+            static = fp8_static and impl == "kernel_fp8"
+            if static:
+                z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
+                if impl not in scales:
+                    scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
+                model = vae_fp8.with_static_scales(model, scales[impl])
+            graphdef, params = nnx.split(model)
+            # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
+            kw = {"first": False} if static_branch else {}
+            if which == "decode":
+                step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
+                cache = V.init_decode_cache(cfg, 1, h, w)
+                x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
+            else:
+                step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
+                cache = V.init_encode_cache(cfg, 1, h, w)
+                x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
+            # past the first chunk (the static later-chunk program cannot run it: a cond program does)
+            warm = step if not static_branch else jax.jit(
+                functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef))
+            _, cache = warm(params, cache, x)
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(params, cache, x))
+            res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
+            res["first_call_s"] = time.perf_counter() - t0
 
-        def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
-            c = cache
-            for _ in range(n):
-                y, c = step(params, c, x)
-            jax.block_until_ready(y)
-        # throughput when the host queues calls ahead (as a streaming server does), per call
-        res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
-        name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
-                + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
-                + (f", tiles {order}" if order is not None and len(orders) > 1 else "")
-                + (", static branch" if static_branch else ""))
-        _print(name, res)
-        out[name] = res
+            def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
+                c = cache
+                for _ in range(n):
+                    y, c = step(params, c, x)
+                jax.block_until_ready(y)
+            # throughput when the host queues calls ahead (as a streaming server does), per call
+            res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
+            name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
+                    + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
+                    + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
+                    + (", static branch" if static_branch else ""))
+            _print(name, res)
+            out[name] = res
+    finally:  # later targets (e.g. --static-branch) run the defaults again
+        ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES = defaults
     return out
 
 
@@ -490,7 +493,7 @@ def main() -> None:
         if f"vae_{which}" in a.targets:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static,
                                                 prologues=tuple(a.fp8_prologue or (None,)),
-                                                orders=tuple(a.conv_tiles or (None,)))
+                                                tile_sets=tuple(a.conv_tiles or (None,)))
             if a.static_branch:
                 result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     if "stream" in a.targets:
