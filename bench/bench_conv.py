@@ -84,12 +84,11 @@ def main() -> None:
                  ck.ConvTiles(stages=3), ck.ConvTiles(stages=3, cluster_m=True, order="frames"),
                  ck.ConvTiles(tile_n=128), ck.ConvTiles(tile_n=128, cluster_m=True, order="frames"),
                  ck.ConvTiles(tile_m=128, tile_n=128, stages=3), ck.ConvTiles(tile_m=128, tile_n=128, stages=3, order="frames"),
-                 ck.ConvTiles(stages=3, cluster_m=True, order="frames", taps_in_kernel=True),
-                 ck.ConvTiles(epi_n=32, cluster_m=True, order="frames", taps_in_kernel=True)]
+                 ck.ConvTiles(cluster_m=True, order="frames", taps_in_kernel=True),
+                 ck.ConvTiles(stages=3, cluster_m=True, order="frames", taps_in_kernel=True)]
     if a.taps_in_kernel:  # just the serving tiles with and without the horizontal taps read in the kernel
-        sets = [ck.SERVING_TILES, dataclasses.replace(ck.SERVING_TILES, stages=3),
-                dataclasses.replace(ck.SERVING_TILES, stages=3, taps_in_kernel=True),
-                dataclasses.replace(ck.SERVING_TILES, epi_n=32, taps_in_kernel=True)]
+        sets = [ck.SERVING_TILES, dataclasses.replace(ck.SERVING_TILES, taps_in_kernel=True),
+                ck.ConvTiles(), ck.ConvTiles(taps_in_kernel=True)]
     tile_sets = {tag(t): t for t in sets}
     checks, rows = Checks(), []
 

@@ -320,7 +320,7 @@ _TILES = {  # --conv-tiles name: conv_kernel.SERVING_TILES
     "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
     "frames_c2": ConvTiles(order="frames", cluster_m=True),
     "frames_c2_s3": ConvTiles(order="frames", cluster_m=True, stages=3),
-    "frames_c2_s3_hk": ConvTiles(order="frames", cluster_m=True, stages=3, taps_in_kernel=True),
+    "frames_c2_hk": ConvTiles(order="frames", cluster_m=True, taps_in_kernel=True),
 }
 _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
     "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),

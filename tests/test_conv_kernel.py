@@ -89,26 +89,46 @@ def test_lowers_for_hopper(dtype, cluster_m, overlap, order, in_kernel):
     """Mosaic GPU lowering for CUDA (from a CPU-only machine) with the serving tiles: the TMA
     boxes, shared-memory tiling/swizzle, the K-major FP8 weight layout, the 2-CTA clusters sharing
     weight tiles (which the interpreter cannot run), late slot release, the frame-major tile
-    order's offsets and the horizontal taps read in the kernel (shifted register loads feeding a
-    register-lhs wgmma, which the interpreter cannot run either) are accepted."""
+    order's offsets and the horizontal taps read in the kernel (TMA at unaligned rows into plain shared
+    memory, loaded into registers for a register-lhs wgmma, which the interpreter cannot run either)
+    are accepted. Lowering is not correctness: a register load at an unaligned row lowered too and
+    read garbage on an H200, hence the GPU test below."""
     x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
     tiles = ck.ConvTiles(cluster_m=cluster_m, overlap=overlap, order=order, taps_in_kernel=in_kernel,
-                         stages=3 if in_kernel else 4, num_sms=132)
+                         num_sms=132)
     f = jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))
     text = f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("dtype,c", [(jnp.bfloat16, 64), (jnp.float8_e4m3fn, 128)])
+def test_taps_in_kernel_gives_the_stacked_bits_interpreted(dtype, c):
+    """Horizontal taps read in the kernel (each K step's TMA shifted by dw rows, weights in the same
+    (dt, dh, dw, c) order) give the stacked kernel's bits. Interpreted, wgmma reads the shifted tile
+    from shared memory; the GPU's register load of it is checked by the GPU test below."""
+    x, past, wt = _case(1, 2, 6, 10, c, 64, 3)
+    run = lambda tiles: ck.causal_conv(x, wt, past, dtype=dtype, x_scale=0.01, tiles=tiles,  # noqa: E731
+                                       interpret=_interpret())
+    stacked, shifted = run(SMALL), run(dataclasses.replace(SMALL, taps_in_kernel=True))
+    np.testing.assert_array_equal(np.asarray(shifted, np.float32), np.asarray(stacked, np.float32))
+    # not vacuous: the input really is unstacked (C columns), so a missing shift would show
+    x_rows = ck.prepare(x, wt, past, dtype=dtype, tiles=dataclasses.replace(SMALL, taps_in_kernel=True))[0]
+    assert x_rows.shape[-1] == c
+
+
+@pytest.mark.gpu  # JAX_PLATFORMS=cuda python -m pytest -q -m gpu tests/test_conv_kernel.py (conftest defaults to CPU)
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="Hopper GPU only (no interpret mode for it)")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
-def test_taps_in_kernel_gives_the_stacked_bits_on_a_gpu(dtype):
-    """The horizontal taps read by the kernel (shifted register loads) instead of stacked by the
-    prologue: the same products in the same K order, so the same output bits."""
+@pytest.mark.parametrize("serving", [False, True])
+def test_taps_in_kernel_gives_the_stacked_bits_on_a_gpu(dtype, serving):
+    """The horizontal taps read by the kernel (each K step's TMA shifted by dw rows) instead of
+    stacked by the prologue: the same products in the same K order, so the same output bits."""
     x, past, wt = _case(1, 4, 30, 52, 256, 256, 3)
     run = lambda tiles: jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))(  # noqa: E731
         x, past, wt)
-    stacked = run(ck.ConvTiles(stages=3))
-    shifted = run(ck.ConvTiles(stages=3, taps_in_kernel=True))
+    tiles = ck.SERVING_TILES if serving else ck.ConvTiles()
+    stacked = run(tiles)
+    shifted = run(dataclasses.replace(tiles, taps_in_kernel=True))
     np.testing.assert_array_equal(np.asarray(shifted, np.float32), np.asarray(stacked, np.float32))
     assert rel_l2(stacked, ck.causal_conv_reference(x, wt, past, dtype=dtype, x_scale=0.01)) < 1e-2
 
@@ -125,8 +145,6 @@ def test_bad_shapes_are_refused():
         ck.causal_conv(x, wt, past, dtype=jnp.float16)
     with pytest.raises(ValueError, match="tiles.order"):
         ck.causal_conv(x, wt, past, tiles=dataclasses.replace(SMALL, order="cols"))
-    with pytest.raises(NotImplementedError, match="no interpret mode"):
-        ck.causal_conv(x, wt, past, tiles=dataclasses.replace(SMALL, taps_in_kernel=True), interpret=_interpret())
 
 
 def test_bench_runs_and_checks_on_a_cpu(tmp_path):

@@ -15,7 +15,8 @@ x[p+1], x[p+2]). Output pixel q on that padded grid then reads input row q + dt�
 array. The conv is a GEMM whose K loop runs over (tap, channel block), each A tile a plain 2-D TMA
 box at a shifted row; outputs on pad rows/columns are computed and sliced away (≈ 3% at 240×416).
 The horizontal taps go on channels because Mosaic's TMA into tiled shared memory needs row offsets
-that are multiples of 8: dt·S and dh·Wp are, a shift by dw would not be.
+that are multiples of 8: dt·S and dh·Wp are, a shift by dw would not be. (`ConvTiles.taps_in_kernel`
+shifts the TMA instead, into plain shared memory read through registers; to be verified on a GPU.)
 """
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ class ConvTiles:
     # padded to whole tiles), so a wave's dt shifts land on rows its neighbours just loaded.
     order: str = "rows"
     # Horizontal taps. False: the prologue stacks them on channels (3× the input bytes; every A tile
-    # then feeds wgmma from shared memory). True: the input is not stacked; each A tile carries 8
-    # extra rows and every warpgroup loads its rows shifted by dw into registers for a register-lhs
-    # wgmma. Lowers for CUDA (tested); Mosaic's interpreter cannot run it, so its values are checked
-    # on a GPU only (bench/bench_conv.py, tests/test_conv_kernel.py's GPU test). Shared memory per
-    # stage grows by 8 rows: with the default 4 stages and epi_n it no longer fits (use 3 stages).
+    # then feeds wgmma from shared memory). True: the input is not stacked; the TMA of each K step
+    # starts dw rows later into plain (unswizzled) shared memory and each warpgroup loads its rows
+    # into registers for a register-lhs wgmma. Lowers for CUDA (tested); Mosaic's interpreter cannot
+    # run it, so its values are checked on a GPU only (tests/test_conv_kernel.py's GPU test,
+    # bench/bench_conv.py --taps-in-kernel).
     taps_in_kernel: bool = False
 
     @property
@@ -82,7 +83,7 @@ class _Plan:
     kw: int = 1  # horizontal taps read by the kernel (1: stacked on channels by the prologue)
 
 
-def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool):
+def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: bool, interpreted: bool):
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -95,7 +96,6 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
     m_units = (plan.block_out or plan.rows_out) // (cta_m * clusters)  # per block
     k_per_tap = c // tile_k  # K steps per tap (per (dt, dh, dw) when the kernel reads the dw taps)
     taps = plan.taps[0] * plan.taps[1] * plan.kw
-    a_rows = cta_m + (8 if plan.kw > 1 else 0)  # room for the dw ≤ 7 row shift
 
     def tiled(dt: Any, minor: int) -> tuple:
         swizzle = plgpu.find_swizzle(minor * jnp.dtype(dt).itemsize * 8)
@@ -105,14 +105,18 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
         tap = lax.div(step, jnp.int32(k_per_tap * plan.kw))  # (dt, dh); non-negative: plain division
         kh = jnp.int32(plan.taps[1])
         # Written as multiples of frame and row so that Mosaic sees the offset is 8-aligned.
-        return lax.div(tap, kh) * plan.frame + lax.rem(tap, kh) * plan.row
+        row = lax.div(tap, kh) * plan.frame + lax.rem(tap, kh) * plan.row
+        if plan.kw > 1:  # the dw tap: a shift of the TMA's global row, any offset (plain shared memory)
+            row = row + lax.rem(lax.div(step, jnp.int32(k_per_tap)), jnp.int32(plan.kw))
+        return row
 
     def pipeline(body, context, a_base):
-        # Shifted register loads need rows at any offset: plain shared memory (tiled memory only
-        # slices at multiples of 8 rows, and Mosaic's warpgroup lowering takes no swizzle untiled),
-        # so these loads likely meet bank conflicts: to be timed.
+        # A tile shifted by dw rows: TMA takes any global offset into plain shared memory, not into
+        # tiled/swizzled memory (Mosaic's layout inference refuses the unaligned row); plain memory
+        # cannot feed wgmma directly, so each warpgroup loads its rows into registers (bank
+        # conflicts likely: to be timed).
         a_transforms = () if plan.kw > 1 else tiled(dtype, tile_k)
-        a_spec = plgpu.BlockSpec((pl.Element(a_rows), tile_k),
+        a_spec = plgpu.BlockSpec((pl.Element(cta_m), tile_k),
                                  lambda k: (a_base + a_row(k), lax.rem(k, jnp.int32(k_per_tap))),
                                  transforms=a_transforms, memory_space=plgpu.SMEM,
                                  delay_release=tiles.overlap)
@@ -167,9 +171,8 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
 
             def body(idx, a_smem, b_smem, acc):
                 rhs = plgpu.transpose_ref(b_smem, (1, 0)) if kmajor else b_smem
-                if plan.kw > 1:  # this step's dw: its rows shifted into registers
-                    dw = lax.rem(lax.div(idx[0], jnp.int32(k_per_tap)), jnp.int32(plan.kw))
-                    lhs = _load_rows(plgpu, a_smem, wg * tile_m + dw, tile_m,
+                if plan.kw > 1 and not interpreted:  # plain shared memory: through registers
+                    lhs = _load_rows(plgpu, a_smem, wg * tile_m, tile_m,
                                      plgpu.Layout.WGMMA_8BIT if jnp.dtype(dtype).itemsize == 1 else plgpu.Layout.WGMMA)
                 else:
                     lhs = a_smem.at[pl.ds(wg * tile_m, tile_m)]
@@ -185,7 +188,8 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
 
 def _load_rows(plgpu, ref, start, rows: int, layout):
     """rows [start, start + rows) of a shared-memory ref into registers (jax 0.10 takes the index
-    as an argument, later versions as ref.at[...])."""
+    as an argument, later versions as ref.at[...]). Keep `start` a multiple of 8: on an H200 (jax
+    0.11.2) a start 1 or 2 rows off lowered but read garbage, not the shifted rows."""
     import inspect
 
     import jax.experimental.pallas as pl
@@ -206,17 +210,16 @@ def kernel_rows(x_rows: jax.Array, w: jax.Array, plan: _Plan, tiles: ConvTiles, 
     """The kernel alone on `prepare`d operands: (B·rows_out, N) bf16, unscaled."""
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
-    # FP8 weights go K-major (N, K) for the GPU; the CPU interpreter cannot transpose shared-memory
-    # tiles, so there they stay (K, N) (the only difference between the interpreted and real kernel).
-    if plan.kw > 1 and interpret is not None:
-        raise NotImplementedError("ConvTiles(taps_in_kernel=True) has no interpret mode (Mosaic's interpreter "
-                                  "cannot load shared memory into registers); it runs on Hopper GPUs only")
+    # The interpreted kernel differs from the real one in two ways: FP8 weights go K-major (N, K)
+    # for the GPU, but the CPU interpreter cannot transpose shared-memory tiles, so there they stay
+    # (K, N); and with in-kernel taps the GPU loads each plain A tile into registers (register-lhs
+    # wgmma), which the interpreter cannot, so there wgmma reads the tile from shared memory.
     kmajor = jnp.dtype(x_rows.dtype).itemsize == 1 and interpret is None
     n = w.shape[0] if kmajor else w.shape[1]
     clusters = 2 if tiles.cluster_m else 1
     num_sms = tiles.num_sms or _sm_count()
     kern = plgpu.kernel(
-        functools.partial(_kernel, plan=plan, tiles=tiles, kmajor=kmajor),
+        functools.partial(_kernel, plan=plan, tiles=tiles, kmajor=kmajor, interpreted=interpret is not None),
         out_type=jax.ShapeDtypeStruct((plan.batch * plan.rows_out, n), jnp.bfloat16),
         grid=(num_sms // clusters,), grid_names=("cluster_grid",), cluster=(clusters,), cluster_names=("cluster",),
         num_threads=3, thread_name="wg",  # two compute warpgroups + one TMA producer
@@ -340,10 +343,10 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
         rows_out = last_in = -(-t * s // tiles.m_unit) * tiles.m_unit
         plan_blocks = {}
     rows_in = last_in + (kt - 1) * s + (kh - 1) * wp  # the last tap's rows
-    # channels off whole 128-byte steps (or k_w > 8) keep the stacked taps: the same bits
-    in_kernel = tiles.taps_in_kernel and 1 < kw <= 8 and c % tiles.tile_k(dtype) == 0
-    # each batch item's rows: + 8 for the last A tile's shifted rows
-    plan = _Plan(b, (kt, kh), s, wp, rows_in + (8 if in_kernel else 0), rows_out, **plan_blocks,
+    # channels off whole 128-byte steps keep the stacked taps: the same bits
+    in_kernel = tiles.taps_in_kernel and kw > 1 and c % tiles.tile_k(dtype) == 0
+    # each batch item's rows: + k_w − 1 for the last A tile's shift
+    plan = _Plan(b, (kt, kh), s, wp, rows_in + (kw - 1 if in_kernel else 0), rows_out, **plan_blocks,
                  kw=kw if in_kernel else 1)
 
     if w_fp8 is not None and (not fp8 or w_fp8[0].shape != (n, kt * kh * kw * c) or w_fp8[1].shape != (n,)
@@ -374,7 +377,7 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
         xx = fp8_lib.to_fp8(xx, sx)
         xx = _pack_words(xx) if packed else xx
     if in_kernel:  # not stacked: the kernel reads the horizontal taps as row shifts
-        x_rows = jnp.pad(xx, ((0, 0), (0, plan.rows_in - xx.shape[1]), (0, 0)))
+        x_rows = xx
     else:
         x_rows = jnp.concatenate([xx[:, i:i + rows_in] for i in range(kw)], axis=-1)  # horizontal taps
     x_rows = _unpack_words(x_rows) if packed else x_rows
