@@ -6,7 +6,8 @@
 
 Times, for the full 2.2 VAE: streaming decode (one latent frame → 4 video frames per call, cache
 carried; the real-time path — per call with the host waiting on each, and per call with 8 calls
-queued back to back as a streaming server dispatches them), streaming encode (4 frames per call),
+queued back to back as a streaming server dispatches them; each also with the later-chunk program
+alone, without the first-chunk lax.cond, as the session runs it), streaming encode (4 frames per call),
 and whole-clip encode/decode.
 With torch+diffusers importable (and `--torch` not 'off'), diffusers' `AutoencoderKLWan` decode and
 encode run in a subprocess for the side-by-side ratio. Prints a table of medians, writes JSON.
@@ -67,28 +68,32 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
 
     latent_frames = z.shape[1]
     dec_step = jax.jit(functools.partial(V.decode_chunk, graphdef), donate_argnums=1)
+    # what a streaming server runs past a chunk's first call: the later-chunk program alone (no
+    # lax.cond, whose predicate the host reads back on a GPU before it can queue the rest)
+    dec_later = jax.jit(functools.partial(V.decode_chunk, graphdef, first=False), donate_argnums=1)
     cache = V.init_decode_cache(cfg, 1, height, width)
     y, cache = dec_step(params, cache, z[:, :k])  # first call (compiles both branches)
     y.block_until_ready()
     state = {"cache": cache, "i": 1}
 
-    def dispatch_decode():  # the next later chunk (cycling over the clip), not waited for
+    def dispatch_decode(step):  # the next later chunk (cycling over the clip), not waited for
         i = 1 + (state["i"] - 1) % ((latent_frames - 1) // k) * k
-        state["out"], state["cache"] = dec_step(params, state["cache"], z[:, i:i + k])
+        state["out"], state["cache"] = step(params, state["cache"], z[:, i:i + k])
         state["i"] += 1
 
-    def one_decode():
-        dispatch_decode()
+    def one_decode(step):
+        dispatch_decode(step)
         state["out"].block_until_ready()
 
-    t_dec = time_ms(one_decode, 2, iters)
-
-    def queued_decode(n: int = 8):  # calls queued back to back, as a streaming server dispatches them
+    def queued_decode(step, n: int = 8):  # calls queued back to back, as a streaming server dispatches them
         for _ in range(n):
-            dispatch_decode()
+            dispatch_decode(step)
         state["out"].block_until_ready()
 
-    t_queued = [t / 8 for t in time_ms(queued_decode, 1, max(3, iters // 4))]
+    t_dec, t_queued = {}, {}
+    for name, step in (("", dec_step), (", later-chunk program", dec_later)):
+        t_dec[name] = time_ms(lambda: one_decode(step), 2, iters)
+        t_queued[name] = [t / 8 for t in time_ms(lambda: queued_decode(step), 1, max(3, iters // 4))]
 
     enc_step = jax.jit(functools.partial(V.encode_chunk, graphdef), donate_argnums=1)
     ecache = V.init_encode_cache(cfg, 1, height, width)
@@ -105,13 +110,12 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
         checks.finite(f"{impl}: stream decode, {k} per call", state["out"])
         checks.finite(f"{impl}: stream encode, {k} per call", estate["out"])
     many = lambda n, what: f"{n} {what}" + ("s" if n > 1 else "")  # noqa: E731
-    return [dict(impl=impl, op=f"stream decode ({many(k, 'latent')} → {4 * k} frames)", latents_per_call=k,
-                 median_ms=statistics.median(t_dec), per_frame_ms=statistics.median(t_dec) / (4 * k)),
-            dict(impl=impl, op=f"stream decode ({many(k, 'latent')} → {4 * k} frames), 8 calls queued",
-                 latents_per_call=k, median_ms=statistics.median(t_queued),
-                 per_frame_ms=statistics.median(t_queued) / (4 * k)),
-            dict(impl=impl, op=f"stream encode ({4 * k} frames → {many(k, 'latent')})", latents_per_call=k,
-                 median_ms=statistics.median(t_enc), per_frame_ms=statistics.median(t_enc) / (4 * k))]
+    op = f"stream decode ({many(k, 'latent')} → {4 * k} frames)"
+    rows = [dict(impl=impl, op=op + name + queued, latents_per_call=k, median_ms=statistics.median(t[name]),
+                 per_frame_ms=statistics.median(t[name]) / (4 * k))
+            for name in t_dec for queued, t in (("", t_dec), (", 8 calls queued", t_queued))]
+    return rows + [dict(impl=impl, op=f"stream encode ({4 * k} frames → {many(k, 'latent')})", latents_per_call=k,
+                        median_ms=statistics.median(t_enc), per_frame_ms=statistics.median(t_enc) / (4 * k))]
 
 
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,

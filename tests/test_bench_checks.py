@@ -41,6 +41,10 @@ def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
     assert all(r["ok"] for r in checks.values()) and len(checks) == 4, checks
     errs = [r["value"] for name, r in checks.items() if "vs whole-clip" in name]
     assert len(errs) == 2 and max(errs) < 1e-4, errs
+    ops = {r["op"]: r["median_ms"] for r in json.loads(out.read_text())["rows"] if r["impl"].startswith("jax")}
+    decode = "stream decode (1 latent → 4 frames)"
+    for suffix in ("", ", 8 calls queued", ", later-chunk program", ", later-chunk program, 8 calls queued"):
+        assert ops[decode + suffix] > 0, ops
 
 
 def test_profile_ops_fp8_probes(tmp_path):

@@ -474,3 +474,31 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     np.testing.assert_allclose(z_block, tae.encode(dec.graphdef, dec_params, skeleton[:, 3:]), atol=1e-5)
     with pytest.raises(ValueError, match="decoder makes 48-channel latents, the DiT takes 4"):
         streaming.StreamingSession(dit, vae, ccfg, scfg, chunk_frames=4, decoder=tae.abstract_tae(tae.TAEConfig.wan22()))
+
+
+def test_codec_blocks_with_a_static_first_flag_equal_the_cond():
+    """encode_block / decode_block told statically whether the codec cache is fresh (what the
+    session's first-block and later-block programs know) give the lax.cond version's outputs and
+    caches, over a first block and a later one, and their programs contain no cond (on a GPU a
+    cond's predicate is read back by the host once per chunk)."""
+    from rynn_jax.models.vae import WanVAEConfig, init_decode_cache, init_encode_cache, init_vae
+
+    vae = init_vae(WanVAEConfig.tiny(), seed=0)
+    codec, params = streaming.Codec.split(vae)
+    rng = np.random.default_rng(5)
+    frames = [jnp.asarray(rng.uniform(-1, 1, (1, 8, 32, 64, 3)), jnp.float32) for _ in range(2)]
+    latents = [jnp.asarray(rng.standard_normal((1, 2, 2, 4, vae.cfg.z_dim)), jnp.float32) for _ in range(2)]
+    for block, cache, inputs in ((streaming.encode_block, init_encode_cache(vae.cfg, 1, 32, 64), frames),
+                                 (streaming.decode_block, init_decode_cache(vae.cfg, 1, 32, 64), latents)):
+        run = {first: jax.jit(lambda c, x, first=first: block(codec, params, c, x, first=first))
+               for first in (None, True, False)}
+        c_cond, c_static = cache, cache
+        for i, x in enumerate(inputs):  # a fresh cache, then a carried one
+            y_cond, c_cond = run[None](c_cond, x)
+            y_static, c_static = run[i == 0](c_static, x)
+            np.testing.assert_allclose(y_static, y_cond, rtol=1e-5, atol=1e-5)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), c_static, c_cond)
+        assert float(jnp.abs(y_cond).max()) > 0.05  # the check has teeth
+        assert "cond[" in str(jax.make_jaxpr(run[None])(cache, inputs[0]))
+        for first in (True, False):
+            assert "cond[" not in str(jax.make_jaxpr(run[first])(cache, inputs[0]))

@@ -366,44 +366,68 @@ class Codec:
             return cls(tae_lib, graphdef, model.cfg, whole_blocks=True), params
         return cls(vae_lib, graphdef, model.cfg), params
 
-    def encode_chunk(self, params: nnx.State, cache: Any, frames_bthw3: jax.Array) -> tuple[jax.Array, Any]:
-        return self.lib.encode_chunk(self.graphdef, params, cache, frames_bthw3)
+    def encode_chunk(self, params: nnx.State, cache: Any, frames_bthw3: jax.Array,
+                     first: bool | None = None) -> tuple[jax.Array, Any]:
+        return self.lib.encode_chunk(self.graphdef, params, cache, frames_bthw3, first=first)
 
-    def decode_chunk(self, params: nnx.State, cache: Any, latents_bfhwc: jax.Array) -> tuple[jax.Array, Any]:
-        return self.lib.decode_chunk(self.graphdef, params, cache, latents_bfhwc)
+    def decode_chunk(self, params: nnx.State, cache: Any, latents_bfhwc: jax.Array,
+                     first: bool | None = None) -> tuple[jax.Array, Any]:
+        return self.lib.decode_chunk(self.graphdef, params, cache, latents_bfhwc, first=first)
 
     def encode_image(self, params: nnx.State, fresh_cache: Any, image_bhw3: jax.Array) -> jax.Array:
         """One image → its latent (B, 1, h, w, z), as a stream's first call (on a zero cache)."""
-        return self.encode_chunk(params, fresh_cache, jnp.repeat(image_bhw3[:, None], 4, 1))[0]
+        return self.encode_chunk(params, fresh_cache, jnp.repeat(image_bhw3[:, None], 4, 1), first=True)[0]
 
 
-def encode_block(enc: Codec, enc_params: nnx.State, enc_cache: Any,
-                 frames_bthwc: jax.Array) -> tuple[jax.Array, Any]:
-    """4·F frames → F latent frames, streaming (a chunk's first call reads only frame 3)."""
+def _chunk_scan(call: Callable, cache: Any, chunks_f: jax.Array, first: bool | None) -> tuple[Any, jax.Array]:
+    """`call(cache, chunk, first) -> (cache, out)` over the leading axis of `chunks_f`.
+
+    first=None: every call picks its branch on the device (the codec's lax.cond on its step
+    counter). True/False: the caller knows whether the cache is fresh, so the first chunk runs the
+    first-chunk program (when True) and the scan compiles only the later-chunk one. That matters on
+    a GPU beyond compile time: XLA reads a cond's predicate back to the host, which stalls the
+    host's queueing of later work once per chunk."""
+    if first is None:
+        return jax.lax.scan(lambda c, x: call(c, x, None), cache, chunks_f)
+    outs = []
+    if first:
+        cache, out0 = call(cache, chunks_f[0], True)
+        outs, chunks_f = [out0[None]], chunks_f[1:]
+    if chunks_f.shape[0]:
+        cache, rest = jax.lax.scan(lambda c, x: call(c, x, False), cache, chunks_f)
+        outs.append(rest)
+    return cache, jnp.concatenate(outs) if len(outs) > 1 else outs[0]
+
+
+def encode_block(enc: Codec, enc_params: nnx.State, enc_cache: Any, frames_bthwc: jax.Array,
+                 first: bool | None = None) -> tuple[jax.Array, Any]:
+    """4·F frames → F latent frames, streaming (a chunk's first call reads only frame 3). `first`:
+    whether `enc_cache` is fresh (True), not (False), or unknown until run (None); see `_chunk_scan`."""
     if enc.whole_blocks:
-        return enc.encode_chunk(enc_params, enc_cache, frames_bthwc)
+        return enc.encode_chunk(enc_params, enc_cache, frames_bthwc, first=first)
     b, t = frames_bthwc.shape[:2]
     chunks = frames_bthwc.reshape(b, t // 4, 4, *frames_bthwc.shape[2:]).swapaxes(0, 1)
 
-    def body(cache, chunk):
-        z, cache = enc.encode_chunk(enc_params, cache, chunk)
+    def call(cache, chunk, is_first):
+        z, cache = enc.encode_chunk(enc_params, cache, chunk, first=is_first)
         return cache, z[:, 0]
 
-    enc_cache, z_fbhwc = jax.lax.scan(body, enc_cache, chunks)
+    enc_cache, z_fbhwc = _chunk_scan(call, enc_cache, chunks, first)
     return z_fbhwc.swapaxes(0, 1), enc_cache
 
 
-def decode_block(dec: Codec, dec_params: nnx.State, dec_cache: Any,
-                 latents_bfhwc: jax.Array) -> tuple[jax.Array, Any]:
-    """F latent frames → 4·F frames (a chunk's first call gives its frame at index 3, zeros before)."""
+def decode_block(dec: Codec, dec_params: nnx.State, dec_cache: Any, latents_bfhwc: jax.Array,
+                 first: bool | None = None) -> tuple[jax.Array, Any]:
+    """F latent frames → 4·F frames (a chunk's first call gives its frame at index 3, zeros before).
+    `first`: as in `encode_block`."""
     if dec.whole_blocks:
-        return dec.decode_chunk(dec_params, dec_cache, latents_bfhwc)
+        return dec.decode_chunk(dec_params, dec_cache, latents_bfhwc, first=first)
 
-    def body(cache, z_bhwc):
-        y, cache = dec.decode_chunk(dec_params, cache, z_bhwc[:, None])
+    def call(cache, z_bhwc, is_first):
+        y, cache = dec.decode_chunk(dec_params, cache, z_bhwc[:, None], first=is_first)
         return cache, y
 
-    dec_cache, y_fbthwc = jax.lax.scan(body, dec_cache, latents_bfhwc.swapaxes(0, 1))
+    dec_cache, y_fbthwc = _chunk_scan(call, dec_cache, latents_bfhwc.swapaxes(0, 1), first)
     y = y_fbthwc.swapaxes(0, 1)
     return y.reshape(y.shape[0], -1, *y.shape[3:]), dec_cache
 
@@ -466,9 +490,10 @@ def make_deferred_stream_step(dit_graphdef: nnx.GraphDef, enc: Codec, dec: Codec
 
     def stream_step(dit_params, codec_params, state: State, skeleton_bthw3: jax.Array, rng: jax.Array,
                     clean_x0_bfhwc: jax.Array, clean_control_bfhwc: jax.Array):
-        control, enc_cache = encode_block(enc, codec_params[0], state["enc"], skeleton_bthw3)
+        # a chunk's first block (after start or a re-anchor) finds both codec caches fresh
+        control, enc_cache = encode_block(enc, codec_params[0], state["enc"], skeleton_bthw3, first=not after_clean)
         latents, dit_state = step(dit_params, state["dit"], control, rng, clean_x0_bfhwc, clean_control_bfhwc)
-        rgb, dec_cache = decode_block(dec, codec_params[1], state["dec"], latents)
+        rgb, dec_cache = decode_block(dec, codec_params[1], state["dec"], latents, first=not after_clean)
         return (rgb, {"dit": dit_state, "enc": enc_cache, "dec": dec_cache, "last_rgb": rgb[:, -1]},
                 (latents, control))
 
