@@ -38,6 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, write_json  # noqa: E402
 
+from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
+
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
            fp8_calibration: dict | None, vae_calibration: dict | None = None) -> None:
@@ -48,7 +50,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
                vae_conv_fp8_scales=vae_cfg.conv_fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
                token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
-               resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
+               vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
     write_json(path, out)
 
 
@@ -199,8 +201,12 @@ def main() -> None:
     p.add_argument("--precompile", action="store_true",
                    help="StreamingSession.compile() before start (reported as precompile_s: every program "
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
+    p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
+                   help="VAE kernel convs: this conv_kernel.TILE_PRESETS entry instead of SERVING_TILES")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
+    if a.conv_tiles and not (a.vae_conv or "").startswith("kernel"):
+        p.error("--conv-tiles needs --vae-conv kernel_fp8 (or kernel_bf16)")
     if a.ab == "fp8-static":
         if not a.fp8:
             p.error("--ab fp8-static needs --fp8")
@@ -232,6 +238,10 @@ def main() -> None:
         compile_cache.enable(a.compile_cache)
         print(f"compilation cache {a.compile_cache}: {cache_entries_at_start} entries at start", flush=True)
 
+    if a.conv_tiles:  # read when the VAE's convs are traced
+        from rynn_jax.models import conv_kernel
+
+        conv_kernel.SERVING_TILES = conv_kernel.TILE_PRESETS[a.conv_tiles]
     dtype = "float32" if a.tiny else "bfloat16"
     vae_over = {} if a.vae_conv is None else {"conv_impl": a.vae_conv}
     if a.tiny:

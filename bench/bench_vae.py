@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, decode_streamed, time_ms, write_json  # noqa: E402
 
+from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
+
 
 def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: int, width: int,
                     fp8_convs: bool = False) -> None:
@@ -215,8 +217,14 @@ def main() -> None:
     p.add_argument("--vae-fp8-static", action="store_true",
                    help="kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
+                   help="kernel conv_impls: this conv_kernel.TILE_PRESETS entry instead of SERVING_TILES")
     p.add_argument("--out", default="bench/results/vae.json")
     a = p.parse_args()
+    if a.conv_tiles:  # read when the VAE's convs are traced
+        from rynn_jax.models import conv_kernel
+
+        conv_kernel.SERVING_TILES = conv_kernel.TILE_PRESETS[a.conv_tiles]
     if a.only_torch:
         print("JSON" + json.dumps(bench_torch(a.latent_frames, a.height, a.width)))
         return

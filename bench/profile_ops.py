@@ -33,7 +33,7 @@ from _harness import time_ms, write_json  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from rynn_jax.models.conv_kernel import ConvTiles  # noqa: E402
+from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
 
 _CATEGORIES = (  # first match wins, on the lower-cased kernel name
     ("attention", r"flash|fmha|_attn|attention|sdpa"),
@@ -316,12 +316,6 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     return out
 
 
-_TILES = {  # --conv-tiles name: conv_kernel.SERVING_TILES
-    "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
-    "frames_c2": ConvTiles(order="frames", cluster_m=True),
-    "frames_c2_s3": ConvTiles(order="frames", cluster_m=True, stages=3),
-    "frames_c2_hk": ConvTiles(order="frames", cluster_m=True, taps_in_kernel=True),
-}
 _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
     "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),
     "quantize_first": ("quantize_first", False, True), "quantize_first_fused": ("quantize_first", False, False),
@@ -336,7 +330,7 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
     `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
-    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (_TILES names; None: SERVING_TILES)."""
+    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES)."""
     import functools
 
     from flax import nnx
@@ -355,7 +349,7 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
         for impl, prologue, tiles_name in runs:
             # conv_kernel's knobs, read when the step below is traced; None: its defaults
             ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue] if prologue else defaults[:3]
-            ck.SERVING_TILES = _TILES[tiles_name] if tiles_name else defaults[3]
+            ck.SERVING_TILES = ck.TILE_PRESETS[tiles_name] if tiles_name else defaults[3]
             cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
                 dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
             model = V.init_vae(cfg, 0)
@@ -470,7 +464,7 @@ def main() -> None:
                    help="vae_*: kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
     p.add_argument("--fp8-prologue", nargs="+", choices=sorted(_PROLOGUES), default=None,
                    help="vae_*: kernel_fp8 variants of conv_kernel.FP8_PROLOGUE / FP8_PACKED / FP8_PROLOGUE_BARRIER")
-    p.add_argument("--conv-tiles", nargs="+", choices=sorted(_TILES), default=None,
+    p.add_argument("--conv-tiles", nargs="+", choices=sorted(TILE_PRESETS), default=None,
                    help="vae_*: kernel impls' tile variants (conv_kernel.SERVING_TILES: order, 2-CTA clusters, "
                         "stages, hk = horizontal taps read in the kernel)")
     p.add_argument("--fp8-conv", action="store_true",

@@ -227,3 +227,16 @@ def test_fp8_prologue_variants_give_the_same_bits(monkeypatch, prologue, packed,
     monkeypatch.setattr(ck, "FP8_PACKED", packed)
     monkeypatch.setattr(ck, "FP8_PROLOGUE_BARRIER", barrier)
     np.testing.assert_array_equal(run(), want)
+
+
+def test_tile_presets_are_what_their_names_say():
+    """The benches' --conv-tiles names (conv_kernel.TILE_PRESETS): order, clusters, stages and
+    in-kernel taps as named, and each prepares operands for the kernel accordingly."""
+    x, past, wt = _case(1, 2, 6, 10, 128, 256, 3)
+    assert ck.SERVING_TILES in ck.TILE_PRESETS.values()
+    for name, tiles in ck.TILE_PRESETS.items():
+        assert tiles.order == name.split("_")[0] and tiles.cluster_m == ("_c2" in name), name
+        assert tiles.taps_in_kernel == name.endswith("_hk") and tiles.stages == (3 if "_s3" in name else 4), name
+        x_rows, _, plan, _ = ck.prepare(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=0.01, tiles=tiles)
+        assert plan.kw == (3 if tiles.taps_in_kernel else 1) and plan.blocks == (2 if tiles.order == "frames" else 1)
+        assert x_rows.shape[-1] == (128 if tiles.taps_in_kernel else 3 * 128), name  # stacked taps: 3·C

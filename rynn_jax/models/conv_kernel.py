@@ -242,10 +242,19 @@ def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvT
 # 240×416×256 (prepared operands) 1.255 → 1.138 ms.
 SERVING_TILES = ConvTiles(order="frames", cluster_m=True)
 
+# Named tile sets for the benches' --conv-tiles (each replaces SERVING_TILES for a run): rows/frames
+# order, _c2 = 2-CTA clusters, _s3 = 3 pipeline stages, _hk = horizontal taps read in the kernel.
+TILE_PRESETS: dict[str, ConvTiles] = {
+    "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
+    "frames_c2": ConvTiles(order="frames", cluster_m=True),
+    "frames_c2_s3": ConvTiles(order="frames", cluster_m=True, stages=3),
+    "frames_c2_hk": ConvTiles(order="frames", cluster_m=True, taps_in_kernel=True),
+}
+
 
 def fitted_tiles(n: int, tiles: ConvTiles | None = None) -> ConvTiles:
     """`tiles` (default SERVING_TILES) with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
-    Off a GPU (Mosaic's interpreter runs neither) 2-CTA clusters and in-kernel horizontal taps are
+    Off a GPU 2-CTA clusters (Mosaic's interpreter has none) and in-kernel horizontal taps are
     turned off: they change which CTA loads a weight tile and where the taps are gathered, not a
     single output bit."""
     tiles = SERVING_TILES if tiles is None else tiles
