@@ -49,7 +49,7 @@ def main() -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--sweep", action="store_true", help="also time other tile configurations")
     which.add_argument("--taps-in-kernel", action="store_true",
-                       help="time the serving tiles with ConvTiles(taps_in_kernel=True) against stacked taps (GPU only)")
+                       help="time the serving tiles with ConvTiles(taps_in_kernel=True) against stacked taps")
     p.add_argument("--smoke", action="store_true",
                    help="the tiny 'smoke' shape in Mosaic GPU interpret mode, to check this script on a CPU")
     p.add_argument("--out", default="bench/results/conv_kernel.json")
@@ -77,8 +77,6 @@ def main() -> None:
                 + ("fr" if t.order == "frames" else "") + (f"e{t.epi_n}" if t.epi_n != 64 else "")
                 + ("hk" if t.taps_in_kernel else ""))
     sets = [ck.ConvTiles(), ck.SERVING_TILES]
-    if a.smoke:
-        sets = [ck.ConvTiles(tile_n=64, stages=2, num_sms=2, order="frames")]
     if a.sweep:
         sets += [ck.ConvTiles(cluster_m=True), ck.ConvTiles(order="frames"), ck.ConvTiles(overlap=1),
                  ck.ConvTiles(stages=3), ck.ConvTiles(stages=3, cluster_m=True, order="frames"),
@@ -89,6 +87,9 @@ def main() -> None:
     if a.taps_in_kernel:  # just the serving tiles with and without the horizontal taps read in the kernel
         sets = [ck.SERVING_TILES, dataclasses.replace(ck.SERVING_TILES, taps_in_kernel=True),
                 ck.ConvTiles(), ck.ConvTiles(taps_in_kernel=True)]
+    if a.smoke:  # interpret mode: small tiles, no clusters (the interpreter has none)
+        base = ck.ConvTiles(tile_n=64, stages=2, num_sms=2, order="frames")
+        sets = [base] + ([dataclasses.replace(base, taps_in_kernel=True)] if a.taps_in_kernel else [])
     tile_sets = {tag(t): t for t in sets}
     checks, rows = Checks(), []
 
