@@ -84,6 +84,13 @@ def gpu_idle(spans: list[tuple[float, float, str]], calls: int) -> tuple[float, 
     return end - spans[0][0] - sum(g for g, _ in gaps[:calls - 1]), dict(idle)
 
 
+def host_reads(op_counts: dict[str, int], calls: int) -> float:
+    """Device-to-host copies per call, from profiled op names → event counts. Each one (e.g. a
+    lax.cond's predicate, which XLA's GPU runtime reads back to pick the branch) makes the host wait
+    for the GPU before it can queue the work after it."""
+    return sum(n for op, n in op_counts.items() if "MemcpyD2H" in op) / calls
+
+
 def traced_breakdown(run, calls: int, top: int = 25) -> dict:
     """Run `run()` under the profiler; kernel time per call (of `calls`) by category and op."""
     with tempfile.TemporaryDirectory() as d:
@@ -127,6 +134,7 @@ def traced_breakdown(run, calls: int, top: int = 25) -> dict:
                             by_op[f"{_category(op)}:{op}"] += ms
                             count[f"{_category(op)}:{op}"] += 1
     return dict(busy_ms=sum(by_cat.values()), kernels_per_call=sum(count.values()) / calls,
+                host_reads_per_call=host_reads(count, calls),
                 gpu_span_ms=round(span_ns / 1e6 / calls, 3), idle_ms=round(sum(gap_by_op.values()), 3),
                 idle_before=[dict(op=k, ms=round(v, 3)) for k, v in gap_by_op.most_common(12)],
                 by_category={k: round(v, 3) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
@@ -138,7 +146,7 @@ def _print(name: str, res: dict) -> None:
     print(f"\n== {name}: wall {res['wall_ms']:.2f} ms"
           + (f" (queued back to back: {res['pipelined_ms']:.2f} ms per call)" if "pipelined_ms" in res else "")
           + f", kernels {res['busy_ms']:.2f} ms "
-          f"({res['kernels_per_call']:.0f} launches/call)")
+          f"({res['kernels_per_call']:.0f} launches/call, {res['host_reads_per_call']:g} device-to-host copies/call)")
     print("   by category: " + ", ".join(f"{k} {v:.2f}" for k, v in res["by_category"].items()))
     if res.get("idle_before"):
         print(f"   GPU span {res['gpu_span_ms']:.2f} ms (first kernel start to last end), idle inside it "

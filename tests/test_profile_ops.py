@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from profile_ops import gpu_idle  # noqa: E402
+from profile_ops import gpu_idle, host_reads  # noqa: E402
 
 
 def test_gpu_idle_splits_calls_and_charges_gaps_to_the_next_kernel():
@@ -20,3 +20,10 @@ def test_gpu_idle_splits_calls_and_charges_gaps_to_the_next_kernel():
     assert gpu_idle([], calls=3) == (0.0, {})
     # one call: no gap is the host's
     assert gpu_idle(spans[:3], calls=1) == (25, {"b": pytest.approx(2 / 1e6)})
+
+
+def test_host_reads_counts_device_to_host_copies_per_call():
+    counts = {"copy:cond.38 [MemcpyD2H]": 16, "other:anonymous_mosaic_gpu_kernel": 248,
+              "copy:input_concatenate_fusion_52": 80, "copy:memcpy128 [MemcpyD2D]": 8}
+    assert host_reads(counts, 8) == 2.0
+    assert host_reads({"fusion:loop_add_fusion": 5}, 5) == 0.0
