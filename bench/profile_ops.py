@@ -332,13 +332,15 @@ _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARR
 }
 
 
-def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_branch: bool = False,
+def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: tuple[bool, ...] = (False,),
                fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,),
                tile_sets: tuple[str | None, ...] = (None,)) -> dict:
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
     `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
-    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES)."""
+    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES);
+    `branches`: static_branch values per variant (True: the later-chunk program alone, first=False,
+    instead of the lax.cond), sharing each variant's model and calibration."""
     import functools
 
     from flax import nnx
@@ -369,39 +371,39 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], static_bran
                     scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
                 model = vae_fp8.with_static_scales(model, scales[impl])
             graphdef, params = nnx.split(model)
-            # static_branch: compile only the later-chunk branch (first=False) instead of lax.cond
-            kw = {"first": False} if static_branch else {}
-            if which == "decode":
-                step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
-                cache = V.init_decode_cache(cfg, 1, h, w)
-                x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
-            else:
-                step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
-                cache = V.init_encode_cache(cfg, 1, h, w)
-                x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
-            # past the first chunk (the static later-chunk program cannot run it: a cond program does)
-            warm = step if not static_branch else jax.jit(
-                functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef))
-            _, cache = warm(params, cache, x)
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(params, cache, x))
-            res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
-            res["first_call_s"] = time.perf_counter() - t0
+            for static_branch in branches:  # False: lax.cond on the step counter; True: the later-chunk program alone
+                kw = {"first": False} if static_branch else {}
+                if which == "decode":
+                    step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
+                    cache = V.init_decode_cache(cfg, 1, h, w)
+                    x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
+                else:
+                    step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
+                    cache = V.init_encode_cache(cfg, 1, h, w)
+                    x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
+                # past the first chunk (the later-chunk program cannot run it: the first-chunk one does)
+                warm = step if not static_branch else jax.jit(
+                    functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef, first=True))
+                _, cache = warm(params, cache, x)
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(params, cache, x))
+                res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
+                res["first_call_s"] = time.perf_counter() - t0
 
-            def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
-                c = cache
-                for _ in range(n):
-                    y, c = step(params, c, x)
-                jax.block_until_ready(y)
-            # throughput when the host queues calls ahead (as a streaming server does), per call
-            res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
-            name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
-                    + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
-                    + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
-                    + (", static branch" if static_branch else ""))
-            _print(name, res)
-            out[name] = res
-    finally:  # later targets (e.g. --static-branch) run the defaults again
+                def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
+                    c = cache
+                    for _ in range(n):
+                        y, c = step(params, c, x)
+                    jax.block_until_ready(y)
+                # throughput when the host queues calls ahead (as a streaming server does), per call
+                res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
+                name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
+                        + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
+                        + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
+                        + (", static branch" if static_branch else ""))
+                _print(name, res)
+                out[name] = res
+    finally:  # later targets run the defaults again
         ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES = defaults
     return out
 
@@ -493,11 +495,10 @@ def main() -> None:
         result["dit"] = target_dit(a.tiny, a.iters, a.frames, a.unroll, a.fp8)
     for which in ("decode", "encode"):
         if f"vae_{which}" in a.targets:
-            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls, fp8_static=a.vae_fp8_static,
-                                                prologues=tuple(a.fp8_prologue or (None,)),
+            result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls,
+                                                branches=(False, True) if a.static_branch else (False,),
+                                                fp8_static=a.vae_fp8_static, prologues=tuple(a.fp8_prologue or (None,)),
                                                 tile_sets=tuple(a.conv_tiles or (None,)))
-            if a.static_branch:
-                result[f"vae_{which}"].update(target_vae(a.tiny, a.iters, which, impls, static_branch=True))
     if "stream" in a.targets:
         result["stream"] = {}
         for variant in a.clean_pass:
