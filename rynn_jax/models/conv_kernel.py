@@ -50,9 +50,9 @@ class ConvTiles:
     # Horizontal taps. False: the prologue stacks them on channels (3× the input bytes; every A tile
     # then feeds wgmma from shared memory). True: the input is not stacked; the TMA of each K step
     # starts dw rows later into plain (unswizzled) shared memory and each warpgroup loads its rows
-    # into registers for a register-lhs wgmma. Lowers for CUDA (tested); Mosaic's interpreter cannot
-    # run it, so its values are checked on a GPU only (tests/test_conv_kernel.py's GPU test,
-    # bench/bench_conv.py --taps-in-kernel).
+    # into registers for a register-lhs wgmma. Interpreted (wgmma then reads the tile from shared
+    # memory) it gives the stacked kernel's bits; the register load is checked on a GPU only
+    # (tests/test_conv_kernel.py's GPU test, bench/bench_conv.py --taps-in-kernel).
     taps_in_kernel: bool = False
 
     @property
@@ -169,7 +169,7 @@ def _kernel(x_gmem, w_gmem, out_gmem, *, plan: _Plan, tiles: ConvTiles, kmajor: 
                             out_smem.at[wg, j % 2],
                             out_gmem.at[out_rows, pl.ds(n_idx * tile_n + j * tiles.epi_n, tiles.epi_n)])
 
-            def body(idx, a_smem, b_smem, acc):
+            def body(_, a_smem, b_smem, acc):
                 rhs = plgpu.transpose_ref(b_smem, (1, 0)) if kmajor else b_smem
                 if plan.kw > 1 and not interpreted:  # plain shared memory: through registers
                     lhs = _load_rows(plgpu, a_smem, wg * tile_m, tile_m,
