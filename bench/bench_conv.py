@@ -85,7 +85,7 @@ def main() -> None:
                  ck.ConvTiles(cluster_m=True, order="frames", taps_in_kernel=True),
                  ck.ConvTiles(stages=3, cluster_m=True, order="frames", taps_in_kernel=True)]
     if a.taps_in_kernel:  # just the serving tiles with and without the horizontal taps read in the kernel
-        sets = [ck.SERVING_TILES, dataclasses.replace(ck.SERVING_TILES, taps_in_kernel=True),
+        sets = [dataclasses.replace(ck.SERVING_TILES, taps_in_kernel=False), dataclasses.replace(ck.SERVING_TILES, taps_in_kernel=True),
                 ck.ConvTiles(), ck.ConvTiles(taps_in_kernel=True)]
     if a.smoke:  # interpret mode: small tiles, no clusters (the interpreter has none)
         base = ck.ConvTiles(tile_n=64, stages=2, num_sms=2, order="frames")

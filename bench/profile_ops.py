@@ -334,12 +334,11 @@ _PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARR
 
 def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: tuple[bool, ...] = (False,),
                fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,),
-               tile_sets: tuple[str | None, ...] = (None,), n_multiples: tuple[int | None, ...] = (None,)) -> dict:
+               tile_sets: tuple[str | None, ...] = (None,)) -> dict:
     """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
     `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
     None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES);
-    `n_multiples`: vae.CONV_N_MULTIPLE values (the 2-D convs' output channels padded; None: its default);
     `branches`: static_branch values per variant (True: the later-chunk program alone, first=False,
     instead of the lax.cond), sharing each variant's model and calibration."""
     import functools
@@ -352,16 +351,15 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: t
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
-    runs = [(impl, pro, tiles_name, n_mult) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
-            for tiles_name in (tile_sets if impl.startswith("kernel") else (None,)) for n_mult in n_multiples]
+    runs = [(impl, pro, tiles_name) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
+            for tiles_name in (tile_sets if impl.startswith("kernel") else (None,))]
     scales = {}  # static FP8 scales per impl: the knobs below change no value
-    defaults = (ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES, V.CONV_N_MULTIPLE)
+    defaults = (ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES)
     try:
-        for impl, prologue, tiles_name, n_mult in runs:
+        for impl, prologue, tiles_name in runs:
             # conv_kernel's knobs, read when the step below is traced; None: its defaults
             ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue] if prologue else defaults[:3]
             ck.SERVING_TILES = ck.TILE_PRESETS[tiles_name] if tiles_name else defaults[3]
-            V.CONV_N_MULTIPLE = n_mult or defaults[4]
             cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
                 dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
             model = V.init_vae(cfg, 0)
@@ -402,12 +400,11 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: t
                 name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
                         + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
                         + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
-                        + (f", conv N multiple {n_mult}" if n_mult is not None and len(n_multiples) > 1 else "")
                         + (", static branch" if static_branch else ""))
                 _print(name, res)
                 out[name] = res
     finally:  # later targets run the defaults again
-        ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES, V.CONV_N_MULTIPLE = defaults
+        ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES = defaults
     return out
 
 
@@ -485,8 +482,6 @@ def main() -> None:
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
                    help="stream: profile these clean-pass variants")
-    p.add_argument("--conv-n-multiple", type=int, nargs="+", default=None,
-                   help="vae_*: A/B of vae.CONV_N_MULTIPLE (2-D convs' output channels padded to a multiple)")
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
 
@@ -504,8 +499,7 @@ def main() -> None:
             result[f"vae_{which}"] = target_vae(a.tiny, a.iters, which, impls,
                                                 branches={None: (False,), "both": (False, True), "only": (True,)}[a.static_branch],
                                                 fp8_static=a.vae_fp8_static, prologues=tuple(a.fp8_prologue or (None,)),
-                                                tile_sets=tuple(a.conv_tiles or (None,)),
-                                                n_multiples=tuple(a.conv_n_multiple or (None,)))
+                                                tile_sets=tuple(a.conv_tiles or (None,)))
     if "stream" in a.targets:
         result["stream"] = {}
         for variant in a.clean_pass:

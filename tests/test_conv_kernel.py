@@ -127,7 +127,7 @@ def test_taps_in_kernel_gives_the_stacked_bits_on_a_gpu(dtype, serving):
     run = lambda tiles: jax.jit(lambda x, p, w: ck.causal_conv(x, w, p, dtype=dtype, x_scale=0.01, tiles=tiles))(  # noqa: E731
         x, past, wt)
     tiles = ck.SERVING_TILES if serving else ck.ConvTiles()
-    stacked = run(tiles)
+    stacked = run(dataclasses.replace(tiles, taps_in_kernel=False))
     shifted = run(dataclasses.replace(tiles, taps_in_kernel=True))
     np.testing.assert_array_equal(np.asarray(shifted, np.float32), np.asarray(stacked, np.float32))
     assert rel_l2(stacked, ck.causal_conv_reference(x, wt, past, dtype=dtype, x_scale=0.01)) < 1e-2

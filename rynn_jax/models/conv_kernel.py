@@ -15,8 +15,9 @@ x[p+1], x[p+2]). Output pixel q on that padded grid then reads input row q + dt�
 array. The conv is a GEMM whose K loop runs over (tap, channel block), each A tile a plain 2-D TMA
 box at a shifted row; outputs on pad rows/columns are computed and sliced away (≈ 3% at 240×416).
 The horizontal taps go on channels because Mosaic's TMA into tiled shared memory needs row offsets
-that are multiples of 8: dt·S and dh·Wp are, a shift by dw would not be. (`ConvTiles.taps_in_kernel`
-shifts the TMA instead, into plain shared memory read through registers; to be verified on a GPU.)
+that are multiples of 8: dt·S and dh·Wp are, a shift by dw would not be. `ConvTiles.taps_in_kernel`
+(the serving default) skips that 3× copy: each K step's TMA starts dw rows later, into plain shared
+memory read through registers (H200: same output bits as the stacked taps; decode chunk −2.5 ms).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class ConvTiles:
     # starts dw rows later into plain (unswizzled) shared memory and each warpgroup loads its rows
     # into registers for a register-lhs wgmma. Interpreted (wgmma then reads the tile from shared
     # memory) it gives the stacked kernel's bits; the register load is checked on a GPU only
-    # (tests/test_conv_kernel.py's GPU test, bench/bench_conv.py --taps-in-kernel).
+    # (tests/test_conv_kernel.py's GPU test: bit-identical on an H200, bf16 and FP8;
+    # bench/bench_conv.py --taps-in-kernel).
     taps_in_kernel: bool = False
 
     @property
@@ -239,11 +241,14 @@ def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvT
 # The tiles the VAE's convs use (vae._conv via fitted_tiles); an A/B knob for bench/profile_ops.py.
 # H200, static-FP8 decode chunk at 480×832 in one process (bench/profile_ops.py --conv-tiles rows
 # frames_c2): kernel time 21.04 → 20.49 ms, all kernels 32.32 → 31.64 ms; the kernel alone at
-# 240×416×256 (prepared operands) 1.255 → 1.138 ms.
-SERVING_TILES = ConvTiles(order="frames", cluster_m=True)
+# 240×416×256 (prepared operands) 1.255 → 1.138 ms. In-kernel horizontal taps (--conv-tiles
+# frames_c2 frames_c2_hk, later-chunk program): all kernels 32.12 → 29.55 ms, 8 calls queued
+# 33.73 → 31.46 ms per call (copies 3.82 → 0.54 ms: no tap stacking).
+SERVING_TILES = ConvTiles(order="frames", cluster_m=True, taps_in_kernel=True)
 
 # Named tile sets for the benches' --conv-tiles (each replaces SERVING_TILES for a run): rows/frames
-# order, _c2 = 2-CTA clusters, _s3 = 3 pipeline stages, _hk = horizontal taps read in the kernel.
+# order, _c2 = 2-CTA clusters, _s3 = 3 pipeline stages, _hk = horizontal taps read in the kernel
+# (frames_c2_hk = SERVING_TILES).
 TILE_PRESETS: dict[str, ConvTiles] = {
     "rows": ConvTiles(), "frames": ConvTiles(order="frames"), "rows_c2": ConvTiles(cluster_m=True),
     "frames_c2": ConvTiles(order="frames", cluster_m=True),

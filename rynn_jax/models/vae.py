@@ -144,10 +144,6 @@ class WanVAEConfig:
 # --------------------------------------------------------------------------------------------------
 
 _CONV_DIMS = ("NTHWC", "THWIO", "NTHWC")
-# The 2-D convs' output channels rounded up to this multiple (zero kernel columns, sliced off after
-# the conv); 1: as they are. Why: the decoder's 12-channel conv_out ran as cuDNN's sm80 kernel on an
-# H200 (0.64 ms per decode chunk, ≈ 100 TFLOP/s); an A/B knob (bench/profile_ops.py --conv-n-multiple).
-CONV_N_MULTIPLE = 1
 # torch's default conv init, U(±1/√fan_in); uniform also compiles far faster than truncated normal.
 _KERNEL_INIT = nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
 
@@ -203,9 +199,6 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
             return y + bias.astype(y.dtype)
     views = _time_views(past, x, kt)
     b, t = x.shape[0], views[0].shape[1]
-    n_pad = -c_out % CONV_N_MULTIPLE
-    if n_pad:
-        kernel = jnp.pad(kernel, ((0, 0),) * 4 + ((0, n_pad),))
 
     def conv2d(x_bthwc: jax.Array, kernel_hwio: jax.Array, out_dtype: Any = None) -> jax.Array:
         y = jax.lax.conv_general_dilated(
@@ -219,10 +212,10 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
     elif cfg.conv_impl in ("fold2d", *_ROUTED_IMPLS):  # channel index (tap, c): tap-major, as the kernel reshape
         # (convs the kernel impls do not take run fold2d: as sum2d, with float32 partial sums, the
         # 12-channel conv_out and the time convs cost ≈ 2.6 ms more per decode chunk on the H200)
-        y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out + n_pad))
+        y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
-    return y[..., :c_out] + bias.astype(x.dtype)
+    return y + bias.astype(x.dtype)
 
 
 def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:
