@@ -371,19 +371,17 @@ def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: t
                     scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
                 model = vae_fp8.with_static_scales(model, scales[impl])
             graphdef, params = nnx.split(model)
+            if which == "decode":
+                chunk, init_cache = V.decode_chunk, V.init_decode_cache
+                x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
+            else:
+                chunk, init_cache = V.encode_chunk, V.init_encode_cache
+                x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
             for static_branch in branches:  # False: lax.cond on the step counter; True: the later-chunk program alone
-                kw = {"first": False} if static_branch else {}
-                if which == "decode":
-                    step = jax.jit(functools.partial(V.decode_chunk, graphdef, **kw))
-                    cache = V.init_decode_cache(cfg, 1, h, w)
-                    x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
-                else:
-                    step = jax.jit(functools.partial(V.encode_chunk, graphdef, **kw))
-                    cache = V.init_encode_cache(cfg, 1, h, w)
-                    x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
+                step = jax.jit(functools.partial(chunk, graphdef, **({"first": False} if static_branch else {})))
+                cache = init_cache(cfg, 1, h, w)
                 # past the first chunk (the later-chunk program cannot run it: the first-chunk one does)
-                warm = step if not static_branch else jax.jit(
-                    functools.partial(V.decode_chunk if which == "decode" else V.encode_chunk, graphdef, first=True))
+                warm = step if not static_branch else jax.jit(functools.partial(chunk, graphdef, first=True))
                 _, cache = warm(params, cache, x)
                 t0 = time.perf_counter()
                 jax.block_until_ready(step(params, cache, x))
