@@ -22,10 +22,12 @@ is always whole (resumable generation relies on this).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,29 +48,46 @@ def episode_dir(root: str | os.PathLike, task: str, attempt: int) -> Path:
     return Path(root) / task / f"episode_{attempt:06d}"
 
 
-def _vectors(x: np.ndarray) -> pa.Array:
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty `<final>.tmp` to fill; when the block ends without an error it replaces
+    `final`, so a directory without the suffix is always whole."""
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    yield tmp
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def vectors(x: np.ndarray) -> pa.Array:
+    """(rows, width) floats → a fixed-size-list parquet column (the robot layout's vectors)."""
     x = np.ascontiguousarray(x, np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
 
 
 def write_episode(ep: Episode, directory: str | os.PathLike) -> Path:
     """Write one rendered episode as a robot shard at `directory` (atomically)."""
-    final = Path(directory)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     T = len(ep.t)
     if ep.rgb.shape[0] != T:
         raise ValueError("the episode was generated without rendering; nothing to export")
+    with atomic_dir(Path(directory)) as tmp:
+        _write_episode_files(ep, tmp)
+    return Path(directory)
+
+
+def _write_episode_files(ep: Episode, tmp: Path) -> None:
+    T = len(ep.t)
     save_video(tmp / robot_data.VIDEO_FILE, ep.rgb, fps=int(FPS))
     save_video(tmp / CONTROL_VIDEO, ep.skeleton_rgb, fps=int(FPS))
     table = pa.table({
         "frame_index": pa.array(np.arange(T, dtype=np.int32)),
         "timestamp": pa.array(ep.t.astype(np.float32)),
-        robot_data.ACTION_COLUMN: _vectors(ep.actions),
-        robot_data.STATE_COLUMN: _vectors(ep.states),
-        "observation.object_poses": _vectors(ep.object_poses.reshape(T, -1)) if ep.object_poses.shape[1]
+        robot_data.ACTION_COLUMN: vectors(ep.actions),
+        robot_data.STATE_COLUMN: vectors(ep.states),
+        "observation.object_poses": vectors(ep.object_poses.reshape(T, -1)) if ep.object_poses.shape[1]
         else pa.array([[]] * T, pa.list_(pa.float32())),
     })
     pq.write_table(table, tmp / robot_data.TIMESERIES_FILE)
@@ -90,10 +109,6 @@ def write_episode(ep: Episode, directory: str | os.PathLike) -> Path:
         **ep.info,
     }
     (tmp / robot_data.METADATA_FILE).write_text(json.dumps(meta, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
 
 
 def write_action_stats(root: str | os.PathLike) -> dict:

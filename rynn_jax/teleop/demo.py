@@ -119,6 +119,26 @@ def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp
                                      vae_fp8_scales=vae_fp8_scales))
 
 
+def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool = False,
+                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None):
+    """The causal student as a `StreamingSession` (not compiled yet): 2-frame blocks, a 4-frame
+    rolling cache, no re-anchoring. Layers are unrolled for converted weights only (faster serving,
+    slower compiles: the tiny random model's short rollouts are dominated by compile time).
+    `tae`: an official taew2_2 checkpoint decodes instead of the VAE."""
+    from rynn_jax.models import causal
+    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+
+    dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
+    decoder = None
+    if tae:
+        from rynn_jax.models.tae import load_tae
+
+        decoder = load_tae(tae)
+    return StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
+                                                                      policy="rolling"),
+                            SERVING_STEPS, chunk_frames=None, unroll_layers=dit is not None, decoder=decoder)
+
+
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
         fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> dict:
@@ -196,9 +216,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE."""
     if height % 32 or width % 32:
         raise ValueError(f"the tiny VAE + DiT need height and width in multiples of 32, got {height}×{width}")
-    from rynn_jax.models import causal
     from rynn_jax.sim import episode as sim_episode
-    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+    from rynn_jax.teleop.streaming import StreamingSession
 
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -206,20 +225,9 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     def world_model() -> tuple[StreamingSession, jax.Array]:
         """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
         t0 = time.perf_counter()
-        dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                             vae_fp8_scales=vae_fp8_scales)
-        decoder = None
-        if tae:
-            from rynn_jax.models.tae import load_tae
-
-            decoder = load_tae(tae)
-        # Unrolled layers serve faster but compile slower: worth it for converted weights only
-        # (the tiny random model's short rollout is dominated by compile time).
-        sess = StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
-                                                                          policy="rolling"),
-                                SERVING_STEPS, chunk_frames=None, unroll_layers=dit is not None,
-                                decoder=decoder)
-        context = empty_context(dit_model.cfg.text_len, dit_model.cfg.text_dim)[None]
+        sess = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
+                                 tae=tae)
+        context = empty_context(sess.dit_cfg.text_len, sess.dit_cfg.text_dim)[None]
         sess.compile((1, height, width, 3), context.shape)
         timings["world_model_build_compile"] = time.perf_counter() - t0
         return sess, context

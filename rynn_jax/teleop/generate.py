@@ -1,0 +1,287 @@
+"""Batch generation of training episodes: operator streams → (video, 54-D action) robot episodes.
+
+    python serve.py generate --streams DIR --out DIR [--batch 4] [--frames 81] [--dit DIR --vae DIR]
+
+Input: every directory under `--streams` that holds `operator_stream.npz` (a recorded
+`rynn-teleop-stream/1` file whose meta has the head camera pose `T_world_camera`) and
+`reference.png` (the robot's head-camera view the episode starts from, resized and centre-cropped to
+`--resolution`; `--image` gives one picture for all). The bundled sample (`data/sample/`) is such a directory.
+
+Output: one episode per stream, in the robot layout that `rynn_jax.data.robot.RobotSource` reads
+(data/README.md), plus `action_stats.json` — the output directory is a training source as it is:
+
+    <out>/<stream dir, relative to --streams>/
+        observation.images.head.mp4   the world model's video, 16 fps
+        timeseries.parquet            `action` (the IK's 54-D joint commands), `observation.state`
+                                      (the previous command: no robot measured it), frame_index, timestamp
+        hand_skeleton.npz             the operator's hands in the head camera (what drove the video)
+        skeleton.mp4, operator_stream.npz, metadata.json
+
+`--batch B` streams run as one batched `StreamingSession` (one set of executables, compiled once);
+a last, smaller batch is padded with copies of its last stream, whose extra outputs are dropped.
+Episodes are whole numbers of blocks: `--frames` is cut down to the frames the last whole block
+reaches. Each episode is written to `<dir>.tmp` and renamed when complete, so a re-run skips what
+is finished and redoes what was cut. A stream that cannot be used (unreadable, too short, no
+camera pose, non-finite poses) is listed in `<out>/failures.json` with the reason; the others are
+generated, and the exit status is 1.
+
+The noise of an episode depends on `--seed`, its batch's index and its place in the batch, so a
+resumed run (whose batches hold other streams) draws other samples for the remaining episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from rynn_jax import compile_cache
+from rynn_jax.data import robot as robot_data
+from rynn_jax.data import video as video_lib
+from rynn_jax.kinematics import layout, streams
+from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.render import RenderConfig, default_intrinsics, render_video
+from rynn_jax.render.preview import save_video
+from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
+from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, _height_width, _read_png, streaming_session
+from rynn_jax.teleop.session import hands_in_camera
+from rynn_jax.text import empty_context, load_text_context
+
+FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
+# What makes one stream unusable (its episode is skipped and reported; the batch goes on).
+INPUT_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One stream made ready for the world model: everything but the generated video."""
+
+    name: str  # the stream directory, relative to --streams (--streams itself: its name)
+    stream: streams.Stream
+    image: np.ndarray  # (H, W, 3) uint8, the reference view at the generation resolution
+    skeleton: np.ndarray  # (T, H, W, 3) uint8, the control video
+    joints_cam: np.ndarray  # (T, 2, 21, 3) float32
+    elbows_cam: np.ndarray  # (T, 2, 3) float32
+    valid: np.ndarray  # (T, 2, 22) bool
+    actions: np.ndarray  # (T, 54) float32, IK joint commands
+    t: np.ndarray  # (T,) seconds on the stream's clock
+    ik_pos_err: np.ndarray  # (T,) metres
+
+
+def find_streams(root: Path) -> list[Path]:
+    """Every directory at or under `root` holding an operator stream, sorted."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"--streams {root}: not a directory")
+    found = sorted({p.parent for p in root.rglob(STREAM_FILE)} | ({root} if (root / STREAM_FILE).is_file() else set()))
+    return [d for d in found if not d.name.endswith(".tmp")]
+
+
+def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Resize and centre-crop a reference view to the generation resolution, as the data pipeline
+    treats training frames (`data.video.crop_geometry`)."""
+    h, w = image.shape[:2]
+    if (h, w) == (height, width):
+        return image
+    g = video_lib.crop_geometry(w, h, width, height)
+    resized = jax.image.resize(jnp.asarray(image, jnp.float32), (g.resized_h, g.resized_w, 3), "linear",
+                               antialias=True)
+    crop = resized[g.y0:g.y0 + height, g.x0:g.x0 + width]
+    return np.asarray(jnp.clip(jnp.round(crop), 0, 255)).astype(np.uint8)
+
+
+def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig,
+            image: np.ndarray | None = None) -> Prepared:
+    """Read, check, render and retarget one stream; raises one of INPUT_ERRORS naming the problem."""
+    try:
+        stream = streams.read(directory / STREAM_FILE)
+    except INPUT_ERRORS as e:
+        raise ValueError(f"{directory / STREAM_FILE}: not a readable {streams.FORMAT} file ({e})") from e
+    t = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
+    if t[-1] > stream.span[1] + 1e-6:
+        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, too short for "
+                         f"{num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    if image is None:
+        image = _read_png(directory / IMAGE_FILE)
+    image = fit_image(image, rcfg.height, rcfg.width)
+    joints, elbows, valid = hands_in_camera(stream, t)
+    skeleton = np.asarray(render_video(rcfg, joints, elbows, default_intrinsics(rcfg), valid))
+    retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
+    if len(retargeted["actions"]) < num_frames:
+        raise ValueError(f"retargeting gave {len(retargeted['actions'])} frames, fewer than {num_frames}")
+    return Prepared(name, stream, image, skeleton, joints.astype(np.float32), elbows.astype(np.float32),
+                    valid, retargeted["actions"][:num_frames].astype(np.float32), t,
+                    retargeted["ik_pos_err"][:num_frames])
+
+
+def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bsk: jax.Array,
+            key: jax.Array) -> np.ndarray:
+    """Stream one batch through the session → (B, T', H, W, 3) uint8, T' ≤ T whole blocks."""
+    to_unit = lambda x: np.asarray(x, np.float32) / 127.5 - 1.0  # noqa: E731
+    session.start(to_unit(images_bhw3), ctx_bsk, key)
+    out, used, total = [], 0, skeleton_bthw3.shape[1]
+    while used + session.frames_needed <= total:
+        n = session.frames_needed
+        out.append(np.asarray(session.step(to_unit(skeleton_bthw3[:, used:used + n]))))
+        used += n
+    if not out:
+        raise ValueError(f"{total} frames do not fill the session's first block ({session.frames_needed})")
+    return np.clip((np.concatenate(out, axis=1) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
+
+
+def write_episode(ep: Prepared, video: np.ndarray, directory: Path, meta: dict) -> Path:
+    """One generated episode as a robot episode (written to .tmp, renamed when whole)."""
+    with atomic_dir(directory) as tmp:
+        _write_files(ep, video, tmp, meta)
+    return directory
+
+
+def _write_files(ep: Prepared, video: np.ndarray, tmp: Path, meta: dict) -> None:
+    n = len(video)
+    fps = int(streams.VIDEO_FPS)
+    save_video(tmp / robot_data.VIDEO_FILE, video, fps=fps)
+    save_video(tmp / CONTROL_VIDEO, ep.skeleton[:n], fps=fps)
+    actions = ep.actions[:n]
+    state = np.concatenate([actions[:1], actions[:-1]])  # the command of the step before (no robot measured it)
+    pq.write_table(pa.table({
+        "frame_index": pa.array(np.arange(n, dtype=np.int32)),
+        "timestamp": pa.array((ep.t[:n] - ep.t[0]).astype(np.float32)),
+        robot_data.ACTION_COLUMN: vectors(actions),
+        robot_data.STATE_COLUMN: vectors(state),
+    }), tmp / robot_data.TIMESERIES_FILE)
+    np.savez_compressed(tmp / robot_data.SKELETON_FILE, joints_cam=ep.joints_cam[:n], elbows_cam=ep.elbows_cam[:n],
+                        valid=ep.valid[:n], intrinsics=meta["intrinsics"])
+    streams.write(tmp / STREAM_FILE, ep.stream)
+    meta = {**meta, "total_frames": n, "fps": streams.VIDEO_FPS, "intrinsics": np.asarray(meta["intrinsics"]).tolist(),
+            "ik_pos_err_mm_median": float(np.median(ep.ik_pos_err[:n]) * 1e3),
+            "T_world_camera": np.asarray(ep.stream.meta["T_world_camera"]).tolist()}
+    (tmp / robot_data.METADATA_FILE).write_text(json.dumps(meta, indent=1))
+
+
+def _done(directory: Path) -> bool:
+    return (directory / robot_data.METADATA_FILE).is_file()
+
+
+def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int = 33, seed: int = 0,
+             height: int = 96, width: int = 160, image: Path | None = None, task_description: str | None = None,
+             dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
+             fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None) -> dict:
+    """Generate every episode not yet finished under `out`; returns the run's summary."""
+    if batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {batch}")
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = find_streams(streams_root)
+    if not dirs:
+        raise FileNotFoundError(f"no {STREAM_FILE} at or under {streams_root}")
+    # An episode's name is its directory under --streams (--streams itself: its own name).
+    names = [d.relative_to(streams_root).as_posix() if d != streams_root else streams_root.resolve().name
+             for d in dirs]
+    todo = [(d, n) for d, n in zip(dirs, names) if not _done(out / n)]
+    rcfg = RenderConfig(width=width, height=height)
+    K = np.asarray(default_intrinsics(rcfg), np.float32)
+    shared_image = _read_png(image) if image is not None else None
+    failures: dict[str, str] = {}
+    written: dict[str, int] = {}  # episode → frames
+    session, ctx_bsk = None, None
+    bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not todo)
+
+    def run_batch(b: int, group: list[Prepared]) -> None:
+        nonlocal session, ctx_bsk
+        if session is None:  # built and compiled once, at the first batch with a usable stream
+            session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                        vae_fp8_scales=vae_fp8_scales, tae=tae)
+            cfg = session.dit_cfg
+            ctx = load_text_context(text, cfg.text_len, cfg.text_dim) if text else empty_context(cfg.text_len,
+                                                                                                cfg.text_dim)
+            ctx_bsk = jnp.broadcast_to(jnp.asarray(ctx, jnp.float32)[None], (batch, *ctx.shape))
+            bar.set_postfix_str("compiling the world model")
+            session.compile((batch, height, width, 3), ctx_bsk.shape)
+            bar.set_postfix_str("")
+        padded = group + [group[-1]] * (batch - len(group))  # one executable: pad the last batch
+        video = rollout(session, np.stack([p.image for p in padded]), np.stack([p.skeleton for p in padded]),
+                        ctx_bsk, jax.random.fold_in(jax.random.key(seed), b))
+        for i, ep in enumerate(group):
+            meta = {"task_description": task_description or str(ep.stream.meta.get("task_description", "")),
+                    "source": "rynn_jax.teleop.generate (world model)", "intrinsics": K,
+                    "weights": "converted" if dit else "tiny random (demo)", "seed": seed,
+                    "batch_index": b, "batch_position": i, "action_names": list(layout.ACTION_NAMES),
+                    "observation.state": "the previous step's command (generated: no robot measured it)"}
+            write_episode(ep, video[i], out / ep.name, meta)
+            written[ep.name] = len(video[i])
+            bar.update()
+
+    # Streams are prepared a batch at a time (a 480×832 skeleton video is ≈ 100 MB per 81 frames).
+    group: list[Prepared] = []
+    batches = 0
+    for d, name in todo:
+        try:
+            group.append(prepare(d, name, num_frames, rcfg, shared_image))
+        except INPUT_ERRORS as e:
+            failures[name] = f"{type(e).__name__}: {e}"
+            bar.update()
+        if len(group) == batch:
+            run_batch(batches, group)
+            group, batches = [], batches + 1
+    if group:
+        run_batch(batches, group)
+    bar.close()
+    finished = [n for n in names if _done(out / n)]
+    if finished:
+        write_action_stats(out)
+    fail_path = out / FAILURES_FILE
+    if failures:
+        fail_path.write_text(json.dumps(failures, indent=1))
+    elif fail_path.exists():
+        fail_path.unlink()
+    summary = {"streams": len(names), "skipped_done": len(names) - len(todo), "written": written,
+               "failed": failures, "episodes_in_out": len(finished), "batch": batch, "frames_asked": num_frames,
+               "resolution": [height, width], "seconds": round(time.perf_counter() - t0, 3),
+               "backend": jax.default_backend()}
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python serve.py generate", description=__doc__.splitlines()[0])
+    p.add_argument("--streams", required=True, help="directory searched for operator_stream.npz (+ reference.png)")
+    p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
+    p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
+    p.add_argument("--frames", type=int, default=33, help="video frames per episode (cut to whole blocks)")
+    p.add_argument("--resolution", default=(96, 160), type=_height_width,
+                   help="HxW of the generated video (480x832 for the released models)")
+    p.add_argument("--image", default=None, help="one reference picture for every stream (else each dir's reference.png)")
+    p.add_argument("--task-description", default=None, help="metadata text (default: each stream's meta)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
+    p.add_argument("--vae", default=None, help="converted VAE directory")
+    p.add_argument("--text", default=None, help="precomputed umT5 embedding (.safetensors)")
+    p.add_argument("--fp8", action="store_true", help="FP8 DiT block linears (serve.py demo --help)")
+    p.add_argument("--fp8-scales", default=None, metavar="FILE", help="with --fp8: static activation scales")
+    p.add_argument("--vae-fp8-scales", default=None, metavar="FILE", help="with --vae: FP8 decoder convs")
+    p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")
+    p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
+    a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error("--batch must be ≥ 1")
+    if a.compile_cache:
+        compile_cache.enable(a.compile_cache)
+    height, width = a.resolution
+    summary = generate(Path(a.streams), Path(a.out), batch=a.batch, num_frames=a.frames, seed=a.seed,
+                       height=height, width=width, image=Path(a.image) if a.image else None,
+                       task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8,
+                       fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae)
+    print(json.dumps(summary, indent=1))
+    if summary["failed"]:
+        print(f"{len(summary['failed'])} stream(s) failed, see {os.path.join(a.out, FAILURES_FILE)}")
+        raise SystemExit(1)

@@ -1,0 +1,99 @@
+"""serve.py generate: many operator streams → robot episodes that the training reader takes as is.
+
+Oracles: the IK actions and hand skeleton are recomputed independently from each stream
+(`retarget_stream`, `hands_in_camera`) and must be what the episode stores and what
+`RobotSource` loads back; bad streams are reported and skipped; a re-run resumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from rynn_jax.data import robot as robot_data
+from rynn_jax.data.clips import ClipConfig, ClipRef
+from rynn_jax.kinematics import streams
+from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.render.preview import save_png
+from rynn_jax.teleop import generate as gen
+from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene
+from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+
+H, W, FRAMES = 96, 160, 13  # the tiny student: a 5-frame first block, then 8-frame blocks → 13
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streams")
+    for i, name in enumerate(["a", "b", "task2/c"]):
+        d = root / name
+        d.mkdir(parents=True)
+        streams.write(d / STREAM_FILE, synthetic_stream(33, seed=i))
+        save_png(d / IMAGE_FILE, reference_scene(480, 832, seed=i))  # resized + cropped to 96×160
+    (root / "bad").mkdir()
+    (root / "bad" / STREAM_FILE).write_bytes(b"not a stream")
+    (root / "short").mkdir()
+    streams.write(root / "short" / STREAM_FILE, synthetic_stream(5))
+    save_png(root / "short" / IMAGE_FILE, reference_scene(96, 160))
+    out = tmp_path_factory.mktemp("episodes")
+    summary = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
+    return root, out, summary
+
+
+def test_bad_streams_are_reported_and_the_rest_written(generated):
+    root, out, summary = generated
+    assert summary["written"] == {"a": FRAMES, "b": FRAMES, "task2/c": FRAMES}
+    assert set(summary["failed"]) == {"bad", "short"}
+    assert "BadZipFile" in summary["failed"]["bad"] or "ValueError" in summary["failed"]["bad"]
+    assert "too short" in summary["failed"]["short"]
+    assert json.loads((out / gen.FAILURES_FILE).read_text()) == summary["failed"]
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", ["a", "task2/c"])  # c ran alone in a padded batch
+def test_episode_matches_the_stream_and_loads_as_a_robot_source(generated, name):
+    root, out, _ = generated
+    stream = streams.read(root / name / STREAM_FILE)
+    want_actions = retarget_stream(stream, hz=streams.VIDEO_FPS)["actions"][:FRAMES]
+    t = stream.span[0] + np.arange(FRAMES) / streams.VIDEO_FPS
+    want_joints = hands_in_camera(stream, t)[0]
+
+    table = pq.read_table(out / name / robot_data.TIMESERIES_FILE).to_pydict()
+    actions = np.asarray(table[robot_data.ACTION_COLUMN], np.float32)
+    state = np.asarray(table[robot_data.STATE_COLUMN], np.float32)
+    np.testing.assert_allclose(actions, want_actions, atol=1e-6)
+    np.testing.assert_array_equal(state[1:], actions[:-1])  # state = the command before
+    with np.load(out / name / robot_data.SKELETON_FILE) as z:
+        np.testing.assert_allclose(z["joints_cam"], want_joints, atol=1e-6, equal_nan=True)
+
+    source = robot_data.RobotSource(out, ClipConfig(num_frames=FRAMES, height=H, width=W), strict=True,
+                                    action_norm="meanstd")
+    assert source.episodes() == ["a", "b", "task2/c"]
+    sample = source.load(ClipRef(name, 0))
+    assert sample["video"].shape == (FRAMES, H, W, 3)
+    assert sample["video"].std() > 0  # decoded pictures, not a blank
+    stats = json.loads((out / robot_data.STATS_FILE).read_text())
+    norm = (want_actions - np.asarray(stats["mean"])) / np.maximum(np.asarray(stats["std"]), 1e-6)
+    np.testing.assert_allclose(sample["actions"], norm, atol=1e-4)
+
+
+def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_path):
+    root, out, _ = generated
+    stamp = (out / "a" / robot_data.METADATA_FILE).stat().st_mtime_ns
+    again = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
+    assert again["skipped_done"] == 3 and again["written"] == {} and set(again["failed"]) == {"bad", "short"}
+    assert (out / "a" / robot_data.METADATA_FILE).stat().st_mtime_ns == stamp
+    # An episode cut mid-write leaves only its .tmp: the next run redoes it and nothing else.
+    (out / "b").rename(out / "b.tmp")
+    third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
+    assert third["written"] == {"b": FRAMES} and third["skipped_done"] == 2
+    assert not (out / "b.tmp").exists() and (out / "b" / robot_data.METADATA_FILE).is_file()
+
+
+def test_cli_refuses_a_bad_batch_and_a_missing_root(tmp_path):
+    with pytest.raises(SystemExit):
+        gen.main(["--streams", str(tmp_path), "--out", str(tmp_path / "o"), "--batch", "0"])
+    with pytest.raises(FileNotFoundError, match="no operator_stream.npz"):
+        gen.generate(tmp_path, tmp_path / "o")
