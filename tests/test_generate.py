@@ -92,6 +92,18 @@ def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_pa
     assert not (out / "b.tmp").exists() and (out / "b" / robot_data.METADATA_FILE).is_file()
 
 
+def test_an_output_inside_the_input_is_not_read_back_as_input(generated):
+    root, out, _ = generated
+    inside = root / "generated"
+    inside.mkdir()
+    for name in ("a", "b"):  # finished episodes carry a copy of their operator stream
+        (inside / name).mkdir()
+        (inside / name / STREAM_FILE).write_bytes((out / name / STREAM_FILE).read_bytes())
+    assert len(gen.find_streams(inside)) == 2  # they look like inputs
+    with pytest.raises(FileNotFoundError):  # --streams = --out: nothing of its own to read
+        gen.generate(inside, inside)
+
+
 def test_cli_refuses_a_bad_batch_and_a_missing_root(tmp_path):
     with pytest.raises(SystemExit):
         gen.main(["--streams", str(tmp_path), "--out", str(tmp_path / "o"), "--batch", "0"])

@@ -181,7 +181,8 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
         raise ValueError(f"--batch must be ≥ 1, got {batch}")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    dirs = find_streams(streams_root)
+    # Episodes carry a copy of their stream: an --out inside --streams must not feed itself.
+    dirs = [d for d in find_streams(streams_root) if not d.resolve().is_relative_to(out.resolve())]
     if not dirs:
         raise FileNotFoundError(f"no {STREAM_FILE} at or under {streams_root}")
     # An episode's name is its directory under --streams (--streams itself: its own name).
