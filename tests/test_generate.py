@@ -6,11 +6,13 @@ Oracles: the IK actions and hand skeleton are recomputed independently from each
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from safetensors.numpy import save_file
 
 from rynn_jax.data import robot as robot_data
 from rynn_jax.data.clips import ClipConfig, ClipRef
@@ -109,3 +111,31 @@ def test_cli_refuses_a_bad_batch_and_a_missing_root(tmp_path):
         gen.main(["--streams", str(tmp_path), "--out", str(tmp_path / "o"), "--batch", "0"])
     with pytest.raises(FileNotFoundError, match="no operator_stream.npz"):
         gen.generate(tmp_path, tmp_path / "o")
+
+
+def test_each_stream_gets_its_prompts_text_context(tmp_path, monkeypatch):
+    root = tmp_path / "streams"
+    prompts = {"p": "pick up the red block", "q": "open the lid"}
+    for i, (name, prompt) in enumerate(prompts.items()):
+        stream = synthetic_stream(17, seed=i)
+        stream.meta["task_description"] = prompt
+        (root / name).mkdir(parents=True)
+        streams.write(root / name / STREAM_FILE, stream)
+        save_png(root / name / IMAGE_FILE, reference_scene(96, 160, seed=i))
+    emb_dir = tmp_path / "emb"
+    emb_dir.mkdir()
+    emb = np.random.default_rng(0).normal(size=(3, 24)).astype(np.float32)  # the tiny DiT: text_dim 24, len 16
+    save_file({"context": emb}, str(emb_dir / (hashlib.sha256(prompts["p"].encode()).hexdigest() + ".safetensors")))
+    seen = []
+    real = gen.rollout
+    monkeypatch.setattr(gen, "rollout", lambda s, img, skel, ctx, key: (seen.append(np.asarray(ctx)),
+                                                                       real(s, img, skel, ctx, key))[1])
+    out = tmp_path / "out"
+    summary = gen.generate(root, out, batch=1, num_frames=5, height=H, width=W, text_embeddings=str(emb_dir))
+    assert list(summary["written"]) == ["p"]
+    assert "no text embedding" in summary["failed"]["q"]  # q's prompt has no file: reported, not zeros
+    (ctx,) = seen
+    assert ctx.shape == (1, 16, 24)
+    np.testing.assert_array_equal(ctx[0, :3], emb)
+    assert not ctx[0, 3:].any()
+    assert json.loads((out / "p" / robot_data.METADATA_FILE).read_text())["task_description"] == prompts["p"]

@@ -17,6 +17,10 @@ Output: one episode per stream, in the robot layout that `rynn_jax.data.robot.Ro
         hand_skeleton.npz             the operator's hands in the head camera (what drove the video)
         skeleton.mp4, operator_stream.npz, metadata.json
 
+Text: one embedding for all (`--text`), or per stream the umT5 embedding of its task description
+(`--task-description`, else the stream's meta) from `--text-embeddings DIR/<sha256(prompt)>.safetensors`
+(the pre-encoder's naming; a stream whose prompt has no file fails); else the all-zero context.
+
 `--batch B` streams run as one batched `StreamingSession` (one set of executables, compiled once);
 a last, smaller batch is padded with copies of its last stream, whose extra outputs are dropped.
 Episodes are whole numbers of blocks: `--frames` is cut down to the frames the last whole block
@@ -37,6 +41,7 @@ import json
 import os
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -49,6 +54,7 @@ from tqdm import tqdm
 from rynn_jax import compile_cache
 from rynn_jax.data import robot as robot_data
 from rynn_jax.data import video as video_lib
+from rynn_jax.data.preencode import TextEmbeddingStore
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
@@ -56,7 +62,7 @@ from rynn_jax.render.preview import save_video
 from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
 from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, _height_width, _read_png, streaming_session
 from rynn_jax.teleop.session import hands_in_camera
-from rynn_jax.text import empty_context, load_text_context
+from rynn_jax.text import empty_context, load_text_context, pad_context
 
 FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
 # What makes one stream unusable (its episode is skipped and reported; the batch goes on).
@@ -75,6 +81,8 @@ class Prepared:
     elbows_cam: np.ndarray  # (T, 2, 3) float32
     valid: np.ndarray  # (T, 2, 22) bool
     actions: np.ndarray  # (T, 54) float32, IK joint commands
+    prompt: str  # the task description (metadata; with --text-embeddings, what picks the context)
+    context: np.ndarray  # (text_len, text_dim) float32, the DiT's text context
     t: np.ndarray  # (T,) seconds on the stream's clock
     ik_pos_err: np.ndarray  # (T,) metres
 
@@ -100,9 +108,10 @@ def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(jnp.clip(jnp.round(crop), 0, 255)).astype(np.uint8)
 
 
-def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig,
-            image: np.ndarray | None = None) -> Prepared:
-    """Read, check, render and retarget one stream; raises one of INPUT_ERRORS naming the problem."""
+def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, context: Callable[[str], np.ndarray],
+            image: np.ndarray | None = None, task_description: str | None = None) -> Prepared:
+    """Read, check, render and retarget one stream; `context(prompt)` gives its text context.
+    Raises one of INPUT_ERRORS naming the problem."""
     try:
         stream = streams.read(directory / STREAM_FILE)
     except INPUT_ERRORS as e:
@@ -111,6 +120,8 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig,
     if t[-1] > stream.span[1] + 1e-6:
         raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, too short for "
                          f"{num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    prompt = task_description or str(stream.meta.get("task_description", ""))
+    ctx = context(prompt)
     if image is None:
         image = _read_png(directory / IMAGE_FILE)
     image = fit_image(image, rcfg.height, rcfg.width)
@@ -120,8 +131,22 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig,
     if len(retargeted["actions"]) < num_frames:
         raise ValueError(f"retargeting gave {len(retargeted['actions'])} frames, fewer than {num_frames}")
     return Prepared(name, stream, image, skeleton, joints.astype(np.float32), elbows.astype(np.float32),
-                    valid, retargeted["actions"][:num_frames].astype(np.float32), t,
+                    valid, retargeted["actions"][:num_frames].astype(np.float32), prompt, ctx, t,
                     retargeted["ik_pos_err"][:num_frames])
+
+
+def text_contexts(text: str | None, text_embeddings: str | None, text_len: int,
+                  text_dim: int) -> Callable[[str], np.ndarray]:
+    """Prompt → (text_len, text_dim) context: one embedding file for all (`text`), the prompt's
+    `<sha256(prompt)>.safetensors` in a directory (`text_embeddings`, the pre-encoder's naming;
+    a missing one fails that stream), or the all-zero context."""
+    if text and text_embeddings:
+        raise ValueError("give --text or --text-embeddings, not both")
+    if text_embeddings:
+        store = TextEmbeddingStore(text_embeddings, missing="error", text_dim=text_dim, text_len=text_len)
+        return lambda prompt: pad_context(store(prompt), text_len)
+    ctx = load_text_context(text, text_len, text_dim) if text else empty_context(text_len, text_dim)
+    return lambda prompt: ctx
 
 
 def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bsk: jax.Array,
@@ -174,8 +199,8 @@ def _done(directory: Path) -> bool:
 
 def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int = 33, seed: int = 0,
              height: int = 96, width: int = 160, image: Path | None = None, task_description: str | None = None,
-             dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
-             fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None) -> dict:
+             dit: str | None = None, vae: str | None = None, text: str | None = None,
+             text_embeddings: str | None = None, fp8: bool = False, fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None) -> dict:
     """Generate every episode not yet finished under `out`; returns the run's summary."""
     if batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {batch}")
@@ -194,26 +219,28 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     shared_image = _read_png(image) if image is not None else None
     failures: dict[str, str] = {}
     written: dict[str, int] = {}  # episode → frames
-    session, ctx_bsk = None, None
+    if not todo:
+        session = contexts = None
+    else:  # built up front (its text sizes pick each stream's context), compiled at the first batch
+        session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
+                                    tae=tae)
+        contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
+    compiled = False
     bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not todo)
 
     def run_batch(b: int, group: list[Prepared]) -> None:
-        nonlocal session, ctx_bsk
-        if session is None:  # built and compiled once, at the first batch with a usable stream
-            session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                        vae_fp8_scales=vae_fp8_scales, tae=tae)
-            cfg = session.dit_cfg
-            ctx = load_text_context(text, cfg.text_len, cfg.text_dim) if text else empty_context(cfg.text_len,
-                                                                                                cfg.text_dim)
-            ctx_bsk = jnp.broadcast_to(jnp.asarray(ctx, jnp.float32)[None], (batch, *ctx.shape))
+        nonlocal compiled
+        padded = group + [group[-1]] * (batch - len(group))  # one executable: pad the last batch
+        ctx_bsk = np.stack([p.context for p in padded])
+        if not compiled:
             bar.set_postfix_str("compiling the world model")
             session.compile((batch, height, width, 3), ctx_bsk.shape)
             bar.set_postfix_str("")
-        padded = group + [group[-1]] * (batch - len(group))  # one executable: pad the last batch
+            compiled = True
         video = rollout(session, np.stack([p.image for p in padded]), np.stack([p.skeleton for p in padded]),
                         ctx_bsk, jax.random.fold_in(jax.random.key(seed), b))
         for i, ep in enumerate(group):
-            meta = {"task_description": task_description or str(ep.stream.meta.get("task_description", "")),
+            meta = {"task_description": ep.prompt,
                     "source": "rynn_jax.teleop.generate (world model)", "intrinsics": K,
                     "weights": "converted" if dit else "tiny random (demo)", "seed": seed,
                     "batch_index": b, "batch_position": i, "action_names": list(layout.ACTION_NAMES),
@@ -227,7 +254,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     batches = 0
     for d, name in todo:
         try:
-            group.append(prepare(d, name, num_frames, rcfg, shared_image))
+            group.append(prepare(d, name, num_frames, rcfg, contexts, shared_image, task_description))
         except INPUT_ERRORS as e:
             failures[name] = f"{type(e).__name__}: {e}"
             bar.update()
@@ -266,7 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
-    p.add_argument("--text", default=None, help="precomputed umT5 embedding (.safetensors)")
+    p.add_argument("--text", default=None, help="one precomputed umT5 embedding (.safetensors) for every stream")
+    p.add_argument("--text-embeddings", default=None, metavar="DIR",
+                   help="per-stream prompts: DIR/<sha256(task description)>.safetensors (data/README.md)")
     p.add_argument("--fp8", action="store_true", help="FP8 DiT block linears (serve.py demo --help)")
     p.add_argument("--fp8-scales", default=None, metavar="FILE", help="with --fp8: static activation scales")
     p.add_argument("--vae-fp8-scales", default=None, metavar="FILE", help="with --vae: FP8 decoder convs")
@@ -275,12 +304,15 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be ≥ 1")
+    if a.text and a.text_embeddings:
+        p.error("give --text or --text-embeddings, not both")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     height, width = a.resolution
     summary = generate(Path(a.streams), Path(a.out), batch=a.batch, num_frames=a.frames, seed=a.seed,
                        height=height, width=width, image=Path(a.image) if a.image else None,
-                       task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8,
+                       task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text,
+                       text_embeddings=a.text_embeddings, fp8=a.fp8,
                        fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae)
     print(json.dumps(summary, indent=1))
     if summary["failed"]:
