@@ -26,7 +26,7 @@ a last, smaller batch is padded with copies of its last stream, whose extra outp
 Episodes are whole numbers of blocks: `--frames` is cut down to the frames the last whole block
 reaches. Each episode is written to `<dir>.tmp` and renamed when complete, so a re-run skips what
 is finished and redoes what was cut. A stream that cannot be used (unreadable, too short, no
-camera pose, non-finite poses) is listed in `<out>/failures.json` with the reason; the others are
+camera pose, no moment with all five trackers to calibrate on, no embedding for its prompt) is listed in `<out>/failures.json` with the reason; the others are
 generated, and the exit status is 1.
 
 The noise of an episode depends on `--seed`, its batch's index and its place in the batch, so a
