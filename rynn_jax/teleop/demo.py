@@ -40,7 +40,7 @@ from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_png, save_video
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.session import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
 from rynn_jax.text import empty_context, load_text_context
 
@@ -160,10 +160,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     stream = streams.read(sample_dir / STREAM_FILE)
     reference = _read_png(sample_dir / IMAGE_FILE)
     height, width = reference.shape[:2]
-    t_video = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
-    if t_video[-1] > stream.span[1] + 1e-6:
-        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
-                         f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    t_video = video_times(stream, num_frames)
     model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))

@@ -61,7 +61,7 @@ from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_video
 from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
 from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, _height_width, _read_png, streaming_session
-from rynn_jax.teleop.session import hands_in_camera
+from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text import empty_context, load_text_context, pad_context
 
 FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
@@ -91,7 +91,7 @@ def find_streams(root: Path) -> list[Path]:
     """Every directory at or under `root` holding an operator stream, sorted."""
     if not root.is_dir():
         raise FileNotFoundError(f"--streams {root}: not a directory")
-    found = sorted({p.parent for p in root.rglob(STREAM_FILE)} | ({root} if (root / STREAM_FILE).is_file() else set()))
+    found = sorted({p.parent for p in root.rglob(STREAM_FILE)})  # root's own file included
     return [d for d in found if not d.name.endswith(".tmp")]
 
 
@@ -116,10 +116,7 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
         stream = streams.read(directory / STREAM_FILE)
     except INPUT_ERRORS as e:
         raise ValueError(f"{directory / STREAM_FILE}: not a readable {streams.FORMAT} file ({e})") from e
-    t = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
-    if t[-1] > stream.span[1] + 1e-6:
-        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, too short for "
-                         f"{num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    t = video_times(stream, num_frames)
     prompt = task_description or str(stream.meta.get("task_description", ""))
     ctx = context(prompt)
     if image is None:

@@ -28,6 +28,16 @@ def camera_pose(stream: streams.Stream) -> np.ndarray:
     return pose
 
 
+def video_times(stream: streams.Stream, num_frames: int) -> np.ndarray:
+    """The (num_frames,) times of the video's frames at 16 fps from the stream's start; raises
+    ValueError when the stream ends before the last one."""
+    t = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
+    if t[-1] > stream.span[1] + 1e-6:
+        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
+                         f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
+    return t
+
+
 def hands_in_camera(stream: streams.Stream, t_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Joints (T, 2, 21, 3) and elbows (T, 2, 3) in the camera frame at times `t_out`, and a
     (T, 2, 22) validity mask (joints + elbow) for the renderer; lost samples are NaN/invalid."""
