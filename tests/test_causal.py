@@ -415,6 +415,15 @@ def test_streaming_session_with_merged_clean_pass_matches(model):
     again = [np.asarray(session.step(s)) for s in skeletons[:2]]
     assert len(session._ahead) == 2
     np.testing.assert_array_equal(again[1], frames[True, True][1])
+    # One key per sample: sample b's noise comes from key b alone, so sample 1 (key 0) is the batch-1
+    # session's episode with key 0, and sample 0 (same inputs, key 5) is another.
+    keys = jnp.stack([jax.random.key(5), jax.random.key(0)])
+    session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), keys)
+    mixed = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
+    for got, want in zip(mixed, frames[True, True]):
+        assert rel_err(got[1:], want) < 1e-5 and rel_err(got[:1], want) > 1e-2
+    with pytest.raises(ValueError, match="one key per session sample"):
+        session.start(image, ctx, keys)
     for variant in ((False, True), (True, True)):
         for a, b in zip(frames[False, False], frames[variant]):
             assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant

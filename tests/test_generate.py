@@ -88,10 +88,14 @@ def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_pa
     assert again["skipped_done"] == 3 and again["written"] == {} and set(again["failed"]) == {"bad", "short"}
     assert (out / "a" / robot_data.METADATA_FILE).stat().st_mtime_ns == stamp
     # An episode cut mid-write leaves only its .tmp: the next run redoes it and nothing else.
+    source = lambda: robot_data.RobotSource(out, ClipConfig(num_frames=FRAMES, height=H, width=W))  # noqa: E731
+    first_b = source().load(ClipRef("b", 0))["video"]
     (out / "b").rename(out / "b.tmp")
     third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
     assert third["written"] == {"b": FRAMES} and third["skipped_done"] == 2
     assert not (out / "b.tmp").exists() and (out / "b" / robot_data.METADATA_FILE).is_file()
+    # The redo drew the same noise: b ran second beside a at first, now first beside its padding copy.
+    np.testing.assert_array_equal(source().load(ClipRef("b", 0))["video"], first_b)
 
 
 def test_an_output_inside_the_input_is_not_read_back_as_input(generated):

@@ -29,14 +29,16 @@ is finished and redoes what was cut. A stream that cannot be used (unreadable, t
 camera pose, no moment with all five trackers to calibrate on, no embedding for its prompt) is listed in `<out>/failures.json` with the reason; the others are
 generated, and the exit status is 1.
 
-The noise of an episode depends on `--seed`, its batch's index and its place in the batch, so a
-resumed run (whose batches hold other streams) draws other samples for the remaining episodes.
+An episode's noise comes from `--seed` and its name alone (`episode_key`; the batched session
+draws each sample from its own key), so the same episode comes out whatever `--batch`, whichever
+streams share its batch, and whether a run is fresh or resumed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -146,9 +148,19 @@ def text_contexts(text: str | None, text_embeddings: str | None, text_len: int,
     return lambda prompt: ctx
 
 
+def episode_key(seed: int, name: str) -> jax.Array:
+    """Episode `name`'s noise key: `--seed` with 31 bits of sha256(name) folded in."""
+    return jax.random.fold_in(jax.random.key(seed), noise_id(name))
+
+
+def noise_id(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
 def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bsk: jax.Array,
             key: jax.Array) -> np.ndarray:
-    """Stream one batch through the session → (B, T', H, W, 3) uint8, T' ≤ T whole blocks."""
+    """Stream one batch through the session → (B, T', H, W, 3) uint8, T' ≤ T whole blocks.
+    `key`: one key, or (B,) keys, one per sample."""
     to_unit = lambda x: np.asarray(x, np.float32) / 127.5 - 1.0  # noqa: E731
     session.start(to_unit(images_bhw3), ctx_bsk, key)
     out, used, total = [], 0, skeleton_bthw3.shape[1]
@@ -225,22 +237,24 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     compiled = False
     bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not todo)
 
-    def run_batch(b: int, group: list[Prepared]) -> None:
+    def run_batch(group: list[Prepared]) -> None:
         nonlocal compiled
         padded = group + [group[-1]] * (batch - len(group))  # one executable: pad the last batch
         ctx_bsk = np.stack([p.context for p in padded])
+        keys_b = jnp.stack([episode_key(seed, p.name) for p in padded])  # (B,): sample b's noise from key b
         if not compiled:
             bar.set_postfix_str("compiling the world model")
-            session.compile((batch, height, width, 3), ctx_bsk.shape)
+            session.compile((batch, height, width, 3), ctx_bsk.shape, keys_b)
             bar.set_postfix_str("")
             compiled = True
         video = rollout(session, np.stack([p.image for p in padded]), np.stack([p.skeleton for p in padded]),
-                        ctx_bsk, jax.random.fold_in(jax.random.key(seed), b))
+                        ctx_bsk, keys_b)
         for i, ep in enumerate(group):
             meta = {"task_description": ep.prompt,
                     "source": "rynn_jax.teleop.generate (world model)", "intrinsics": K,
                     "weights": "converted" if dit else "tiny random (demo)", "seed": seed,
-                    "batch_index": b, "batch_position": i, "action_names": list(layout.ACTION_NAMES),
+                    "noise_id": noise_id(ep.name),  # its key: fold_in(key(seed), noise_id)
+                    "action_names": list(layout.ACTION_NAMES),
                     "observation.state": "the previous step's command (generated: no robot measured it)"}
             write_episode(ep, video[i], out / ep.name, meta)
             written[ep.name] = len(video[i])
@@ -248,7 +262,6 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
 
     # Streams are prepared a batch at a time (a 480×832 skeleton video is ≈ 100 MB per 81 frames).
     group: list[Prepared] = []
-    batches = 0
     for d, name in todo:
         try:
             group.append(prepare(d, name, num_frames, rcfg, contexts, shared_image, task_description))
@@ -256,10 +269,10 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
             failures[name] = f"{type(e).__name__}: {e}"
             bar.update()
         if len(group) == batch:
-            run_batch(batches, group)
-            group, batches = [], batches + 1
+            run_batch(group)
+            group = []
     if group:
-        run_batch(batches, group)
+        run_batch(group)
     bar.close()
     finished = [n for n in names if _done(out / n)]
     if finished:
