@@ -91,10 +91,11 @@ def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_pa
     source = lambda: robot_data.RobotSource(out, ClipConfig(num_frames=FRAMES, height=H, width=W))  # noqa: E731
     first_b = source().load(ClipRef("b", 0))["video"]
     (out / "b").rename(out / "b.tmp")
-    third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
+    third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W, pipeline=False)
     assert third["written"] == {"b": FRAMES} and third["skipped_done"] == 2
     assert not (out / "b.tmp").exists() and (out / "b" / robot_data.METADATA_FILE).is_file()
-    # The redo drew the same noise: b ran second beside a at first, now first beside its padding copy.
+    # The redo drew the same noise: b ran second beside a at first (threads preparing and writing),
+    # now first beside its padding copy (one step after the other).
     np.testing.assert_array_equal(source().load(ClipRef("b", 0))["video"], first_b)
 
 
@@ -117,15 +118,42 @@ def test_cli_refuses_a_bad_batch_and_a_missing_root(tmp_path):
         gen.generate(tmp_path, tmp_path / "o")
 
 
-def test_each_stream_gets_its_prompts_text_context(tmp_path, monkeypatch):
-    root = tmp_path / "streams"
-    prompts = {"p": "pick up the red block", "q": "open the lid"}
+def _two_streams(root, prompts):
     for i, (name, prompt) in enumerate(prompts.items()):
         stream = synthetic_stream(17, seed=i)
         stream.meta["task_description"] = prompt
         (root / name).mkdir(parents=True)
         streams.write(root / name / STREAM_FILE, stream)
         save_png(root / name / IMAGE_FILE, reference_scene(96, 160, seed=i))
+
+
+def test_a_failed_write_on_the_writer_thread_raises_and_loses_nothing(tmp_path, monkeypatch):
+    root, out = tmp_path / "streams", tmp_path / "out"
+    _two_streams(root, {"p": "", "q": ""})
+    real = gen.write_episode
+
+    def full_disk(ep, video, directory, meta):
+        if ep.name == "q":
+            with gen.atomic_dir(directory) as tmp:
+                (tmp / "partial").write_bytes(b"x")
+                raise OSError(28, "No space left on device")
+        return real(ep, video, directory, meta)
+
+    monkeypatch.setattr(gen, "write_episode", full_disk)
+    session = gen.streaming_session(None, None, 0)  # one session (compiled once) for both runs
+    with pytest.raises(OSError, match="No space left"):
+        gen.generate(root, out, batch=1, num_frames=5, height=H, width=W, session=session)
+    assert gen._done(out / "p") and not gen._done(out / "q")  # p whole, q not taken for finished
+    monkeypatch.setattr(gen, "write_episode", real)
+    again = gen.generate(root, out, batch=1, num_frames=5, height=H, width=W, session=session)
+    assert again["written"] == {"q": 5} and again["skipped_done"] == 1
+    assert set(again["waited_seconds"]) == {"prepare", "world_model", "write"} and again["pipeline"]
+
+
+def test_each_stream_gets_its_prompts_text_context(tmp_path, monkeypatch):
+    root = tmp_path / "streams"
+    prompts = {"p": "pick up the red block", "q": "open the lid"}
+    _two_streams(root, prompts)
     emb_dir = tmp_path / "emb"
     emb_dir.mkdir()
     emb = np.random.default_rng(0).normal(size=(3, 24)).astype(np.float32)  # the tiny DiT: text_dim 24, len 16

@@ -26,6 +26,16 @@ def save_png(path: str | os.PathLike[str], frame_hw3) -> None:
     iio.imwrite(path, _as_uint8(frame_hw3))
 
 
+def read_png(path: str | os.PathLike[str]) -> np.ndarray:
+    """One RGB(A) picture → uint8 (H, W, 3); anything else is refused, naming the file."""
+    import imageio.v3 as iio
+
+    img = np.asarray(iio.imread(path))
+    if img.ndim != 3 or img.shape[-1] not in (3, 4):
+        raise ValueError(f"{path}: expected an RGB image, got shape {img.shape}")
+    return img[..., :3]
+
+
 def save_video(path: str | os.PathLike[str], frames_thw3, fps: int = 16) -> None:
     """Writes uint8 (T, H, W, 3) frames as a video (H.264 MP4 via imageio-ffmpeg for .mp4)."""
     import imageio.v2 as imageio

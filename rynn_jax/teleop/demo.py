@@ -39,7 +39,7 @@ from rynn_jax.models.fp8 import load_scales, quantize_dit, with_static_scales
 from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
-from rynn_jax.render.preview import save_png, save_video
+from rynn_jax.render.preview import read_png, save_png, save_video
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
 from rynn_jax.text import empty_context, load_text_context
@@ -68,15 +68,6 @@ def write_bundled_sample(directory: Path = SAMPLE_DIR, num_frames: int = 81) -> 
     directory.mkdir(parents=True, exist_ok=True)
     streams.write(directory / STREAM_FILE, synthetic_stream(num_frames))
     save_png(directory / IMAGE_FILE, reference_scene())
-
-
-def _read_png(path: Path) -> np.ndarray:
-    import imageio.v3 as iio
-
-    img = np.asarray(iio.imread(path))
-    if img.ndim != 3 or img.shape[-1] not in (3, 4):
-        raise ValueError(f"{path}: expected an RGB image, got shape {img.shape}")
-    return img[..., :3]
 
 
 def build_dit(dit_dir: str | None, seed: int):
@@ -158,7 +149,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
     stage("load")
     stream = streams.read(sample_dir / STREAM_FILE)
-    reference = _read_png(sample_dir / IMAGE_FILE)
+    reference = read_png(sample_dir / IMAGE_FILE)
     height, width = reference.shape[:2]
     t_video = video_times(stream, num_frames)
     model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
@@ -281,7 +272,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     return summary
 
 
-def _height_width(text: str) -> tuple[int, int]:
+def height_width(text: str) -> tuple[int, int]:
     """argparse type for --resolution: "HxW" → (H, W)."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
@@ -302,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world", default="sample", choices=["sample", "sim"],
                    help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
     p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
-    p.add_argument("--resolution", default=(96, 160), type=_height_width, help="--world sim: HxW, multiples of 32")
+    p.add_argument("--resolution", default=(96, 160), type=height_width, help="--world sim: HxW, multiples of 32")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
     p.add_argument("--fp8", action="store_true",

@@ -23,6 +23,8 @@ Text: one embedding for all (`--text`), or per stream the umT5 embedding of its 
 
 `--batch B` streams run as one batched `StreamingSession` (one set of executables, compiled once);
 a last, smaller batch is padded with copies of its last stream, whose extra outputs are dropped.
+While the world model runs a batch, threads prepare the next one (IK, skeleton render) and write
+the last one (MP4 encoding), so the accelerator does not wait for the host (`--sequential`: not).
 Episodes are whole numbers of blocks: `--frames` is cut down to the frames the last whole block
 reaches. Each episode is written to `<dir>.tmp` and renamed when complete, so a re-run skips what
 is finished and redoes what was cut. A stream that cannot be used (unreadable, too short, no
@@ -37,14 +39,19 @@ streams share its batch, and whether a run is fresh or resumed.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import functools
 import hashlib
+import itertools
 import json
 import os
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -60,11 +67,14 @@ from rynn_jax.data.preencode import TextEmbeddingStore
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
-from rynn_jax.render.preview import save_video
+from rynn_jax.render.preview import read_png, save_video
 from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
-from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, _height_width, _read_png, streaming_session
+from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, height_width, streaming_session
 from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text import empty_context, load_text_context, pad_context
+
+if TYPE_CHECKING:
+    from rynn_jax.teleop.streaming import StreamingSession
 
 FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
 # What makes one stream unusable (its episode is skipped and reported; the batch goes on).
@@ -122,7 +132,7 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
     prompt = task_description or str(stream.meta.get("task_description", ""))
     ctx = context(prompt)
     if image is None:
-        image = _read_png(directory / IMAGE_FILE)
+        image = read_png(directory / IMAGE_FILE)
     image = fit_image(image, rcfg.height, rcfg.width)
     joints, elbows, valid = hands_in_camera(stream, t)
     skeleton = np.asarray(render_video(rcfg, joints, elbows, default_intrinsics(rcfg), valid))
@@ -166,11 +176,11 @@ def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bs
     out, used, total = [], 0, skeleton_bthw3.shape[1]
     while used + session.frames_needed <= total:
         n = session.frames_needed
-        out.append(np.asarray(session.step(to_unit(skeleton_bthw3[:, used:used + n]))))
+        out.append(session.step(to_unit(skeleton_bthw3[:, used:used + n])))  # queued: read back once, below
         used += n
     if not out:
         raise ValueError(f"{total} frames do not fill the session's first block ({session.frames_needed})")
-    return np.clip((np.concatenate(out, axis=1) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
+    return np.clip((np.concatenate([np.asarray(o) for o in out], axis=1) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
 
 
 def write_episode(ep: Prepared, video: np.ndarray, directory: Path, meta: dict) -> Path:
@@ -209,8 +219,15 @@ def _done(directory: Path) -> bool:
 def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int = 33, seed: int = 0,
              height: int = 96, width: int = 160, image: Path | None = None, task_description: str | None = None,
              dit: str | None = None, vae: str | None = None, text: str | None = None,
-             text_embeddings: str | None = None, fp8: bool = False, fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None) -> dict:
-    """Generate every episode not yet finished under `out`; returns the run's summary."""
+             text_embeddings: str | None = None, fp8: bool = False, fp8_scales: str | None = None,
+             vae_fp8_scales: str | None = None, tae: str | None = None, pipeline: bool = True,
+             session: StreamingSession | None = None) -> dict:
+    """Generate every episode not yet finished under `out`; returns the run's summary.
+
+    `pipeline`: while the world model runs a batch, threads prepare the next batch's streams
+    (IK, skeleton render) and write the previous batch's episodes (MP4 encoding); else each step
+    waits for the one before. Both give the same episodes. `session`: an already built
+    `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`."""
     if batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {batch}")
     t0 = time.perf_counter()
@@ -225,19 +242,64 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     todo = [(d, n) for d, n in zip(dirs, names) if not _done(out / n)]
     rcfg = RenderConfig(width=width, height=height)
     K = np.asarray(default_intrinsics(rcfg), np.float32)
-    shared_image = _read_png(image) if image is not None else None
-    failures: dict[str, str] = {}
-    written: dict[str, int] = {}  # episode → frames
-    if not todo:
-        session = contexts = None
-    else:  # built up front (its text sizes pick each stream's context), compiled at the first batch
+    shared_image = read_png(image) if image is not None else None
+    weights = "given session" if session is not None else "converted" if dit else "tiny random (demo)"
+    if todo and session is None:  # built up front (its text sizes pick each stream's context), compiled at the first batch
         session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
                                     tae=tae)
-        contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
+    contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim) if todo else None
+    failures: dict[str, str] = {}
+    written: dict[str, int] = {}  # episode → frames
+    waits = dict.fromkeys(("prepare", "world_model", "write"), 0.0)  # main-thread seconds spent on (waiting for) each
     compiled = False
     bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not todo)
 
-    def run_batch(group: list[Prepared]) -> None:
+    def timed(kind: str, fn: Callable, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            waits[kind] += time.perf_counter() - t
+
+    def prepared_groups(pool: ThreadPoolExecutor | None) -> Iterator[list[Prepared]]:
+        """`todo` prepared, in groups of `batch` (the last may be smaller); with a pool, the next
+        group's streams are prepared while the caller generates this one. Streams are prepared at
+        most a batch ahead (a 480×832 skeleton video is ≈ 100 MB per 81 frames)."""
+        items, queue = iter(todo), collections.deque()
+
+        def submit_next() -> None:
+            for d, name in itertools.islice(items, 1):
+                args = (d, name, num_frames, rcfg, contexts, shared_image, task_description)
+                queue.append((name, pool.submit(prepare, *args) if pool else functools.partial(prepare, *args)))
+
+        for _ in range(2 * batch if pool else 1):
+            submit_next()
+        group: list[Prepared] = []
+        while queue:
+            name, job = queue.popleft()
+            submit_next()
+            try:
+                group.append(timed("prepare", job.result if pool else job))
+            except INPUT_ERRORS as e:
+                failures[name] = f"{type(e).__name__}: {e}"
+                bar.update()
+            if len(group) == batch:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    writing: list[tuple[str, int, Future | None]] = []  # episodes handed to the writer, not yet counted
+
+    def finish_writes() -> None:
+        for name, n, job in writing:
+            if job is not None:
+                timed("write", job.result)  # a failed write raises here (finished episodes stay whole)
+            written[name] = n
+            bar.update()
+        writing.clear()
+
+    def run_batch(group: list[Prepared], write_pool: ThreadPoolExecutor | None) -> None:
         nonlocal compiled
         padded = group + [group[-1]] * (batch - len(group))  # one executable: pad the last batch
         ctx_bsk = np.stack([p.context for p in padded])
@@ -247,32 +309,35 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
             session.compile((batch, height, width, 3), ctx_bsk.shape, keys_b)
             bar.set_postfix_str("")
             compiled = True
-        video = rollout(session, np.stack([p.image for p in padded]), np.stack([p.skeleton for p in padded]),
-                        ctx_bsk, keys_b)
+        video = timed("world_model", rollout, session, np.stack([p.image for p in padded]),
+                      np.stack([p.skeleton for p in padded]), ctx_bsk, keys_b)
+        finish_writes()  # the previous batch's, written while this one was generated
         for i, ep in enumerate(group):
             meta = {"task_description": ep.prompt,
                     "source": "rynn_jax.teleop.generate (world model)", "intrinsics": K,
-                    "weights": "converted" if dit else "tiny random (demo)", "seed": seed,
+                    "weights": weights, "seed": seed,
                     "noise_id": noise_id(ep.name),  # its key: fold_in(key(seed), noise_id)
                     "action_names": list(layout.ACTION_NAMES),
                     "observation.state": "the previous step's command (generated: no robot measured it)"}
-            write_episode(ep, video[i], out / ep.name, meta)
-            written[ep.name] = len(video[i])
-            bar.update()
+            args = (ep, video[i], out / ep.name, meta)
+            if write_pool is not None:
+                writing.append((ep.name, len(video[i]), write_pool.submit(write_episode, *args)))
+            else:
+                timed("write", write_episode, *args)
+                writing.append((ep.name, len(video[i]), None))
+        if write_pool is None:
+            finish_writes()
 
-    # Streams are prepared a batch at a time (a 480×832 skeleton video is ≈ 100 MB per 81 frames).
-    group: list[Prepared] = []
-    for d, name in todo:
-        try:
-            group.append(prepare(d, name, num_frames, rcfg, contexts, shared_image, task_description))
-        except INPUT_ERRORS as e:
-            failures[name] = f"{type(e).__name__}: {e}"
-            bar.update()
-        if len(group) == batch:
-            run_batch(group)
-            group = []
-    if group:
-        run_batch(group)
+    prep_pool = ThreadPoolExecutor(1, "rynn-prepare") if pipeline and todo else None
+    write_pool = ThreadPoolExecutor(2, "rynn-write") if pipeline and todo else None
+    try:
+        for group in prepared_groups(prep_pool):
+            run_batch(group, write_pool)
+        finish_writes()
+    finally:  # on an error: started writes finish (whole episodes), queued preparation is dropped
+        for pool in (prep_pool, write_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=pool is prep_pool)
     bar.close()
     finished = [n for n in names if _done(out / n)]
     if finished:
@@ -285,6 +350,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     summary = {"streams": len(names), "skipped_done": len(names) - len(todo), "written": written,
                "failed": failures, "episodes_in_out": len(finished), "batch": batch, "frames_asked": num_frames,
                "resolution": [height, width], "seconds": round(time.perf_counter() - t0, 3),
+               "waited_seconds": {k: round(v, 3) for k, v in waits.items()}, "pipeline": pipeline,
                "backend": jax.default_backend()}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     return summary
@@ -296,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
     p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
     p.add_argument("--frames", type=int, default=33, help="video frames per episode (cut to whole blocks)")
-    p.add_argument("--resolution", default=(96, 160), type=_height_width,
+    p.add_argument("--resolution", default=(96, 160), type=height_width,
                    help="HxW of the generated video (480x832 for the released models)")
     p.add_argument("--image", default=None, help="one reference picture for every stream (else each dir's reference.png)")
     p.add_argument("--task-description", default=None, help="metadata text (default: each stream's meta)")
@@ -311,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vae-fp8-scales", default=None, metavar="FILE", help="with --vae: FP8 decoder convs")
     p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
+    p.add_argument("--sequential", action="store_true",
+                   help="no threads: prepare, generate and write one after the other (same episodes, slower)")
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be ≥ 1")
@@ -323,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
                        height=height, width=width, image=Path(a.image) if a.image else None,
                        task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text,
                        text_embeddings=a.text_embeddings, fp8=a.fp8,
-                       fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae)
+                       fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae,
+                       pipeline=not a.sequential)
     print(json.dumps(summary, indent=1))
     if summary["failed"]:
         print(f"{len(summary['failed'])} stream(s) failed, see {os.path.join(a.out, FAILURES_FILE)}")
