@@ -216,10 +216,8 @@ def test_synthetic_motion_is_plausible_and_deterministic():
     assert tip_to_wrist.max() - tip_to_wrist.min() > 0.04  # fingers curl over time
 
 
-@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ffmpeg subprocess under JAX
 def test_preview_writes_png_and_mp4(tmp_path):
     iio = pytest.importorskip("imageio.v3")
-    pytest.importorskip("imageio_ffmpeg")
     from rynn_jax.render import preview
 
     frames = preview.render_synthetic(CFG, frames=4, seed=0)

@@ -117,7 +117,6 @@ def test_demo_end_to_end_small(tmp_path):
         demo.run(tmp_path / "bad", num_frames=81, sample_dir=sample)
 
 
-@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")       # ffmpeg subprocesses reading the videos
 def test_demo_sim_world_end_to_end(tmp_path, capsys):
     """`python serve.py demo --world sim` (demo v0) at CI size: a 33-frame episode at 32×64,
     13 generated frames (two causal blocks), all outputs written and consistent."""

@@ -4,14 +4,13 @@
     python -m rynn_jax.render.preview --out skeleton.png --frame 40
 
 An output ending in .png gets one frame (`--frame`); any other extension (.mp4, .gif, ...) gets
-the whole clip at the config's fps. Needs `imageio` (and `imageio-ffmpeg` for MP4).
+the whole clip at the config's fps (MP4 through PyAV, other formats through `imageio`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import warnings
 
 import numpy as np
 
@@ -37,21 +36,24 @@ def read_png(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 def save_video(path: str | os.PathLike[str], frames_thw3, fps: int = 16) -> None:
-    """Writes uint8 (T, H, W, 3) frames as a video (H.264 MP4 via imageio-ffmpeg for .mp4)."""
-    import imageio.v2 as imageio
-
+    """Writes uint8 (T, H, W, 3) frames as a video: .mp4 as H.264 in-process through PyAV (the data
+    pipeline's writer, `data.video.write_video`; an odd height or width gets its last row or column
+    repeated, since yuv420p needs even sizes), any other extension (.gif, ...) through imageio."""
     frames = _as_uint8(frames_thw3)
-    kwargs = {}
     path = os.fspath(path)
     if path.lower().endswith(".mp4"):
-        # yuv420p for player compatibility; macro_block_size=1 keeps odd sizes unpadded.
-        kwargs = dict(codec="libx264", quality=8, pixelformat="yuv420p", macro_block_size=1)
-    with warnings.catch_warnings():
-        # ffmpeg runs in a subprocess (fork + exec at once), which JAX's fork warning flags.
-        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        with imageio.get_writer(path, fps=fps, **kwargs) as writer:
-            for frame in frames:
-                writer.append_data(frame)
+        from rynn_jax.data.video import write_video
+
+        h, w = frames.shape[1:3]
+        if h % 2 or w % 2:
+            frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+        write_video(path, frames, fps)
+        return
+    import imageio.v2 as imageio
+
+    with imageio.get_writer(path, fps=fps) as writer:
+        for frame in frames:
+            writer.append_data(frame)
 
 
 def _as_uint8(x) -> np.ndarray:

@@ -116,18 +116,24 @@ def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool 
     rolling cache, no re-anchoring. Layers are unrolled for converted weights only (faster serving,
     slower compiles: the tiny random model's short rollouts are dominated by compile time).
     `tae`: an official taew2_2 checkpoint decodes instead of the VAE."""
-    from rynn_jax.models import causal
-    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
-
     dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     decoder = None
     if tae:
         from rynn_jax.models.tae import load_tae
 
         decoder = load_tae(tae)
+    return serving_session(dit_model, vae_model, decoder=decoder, unroll_layers=dit is not None)
+
+
+def serving_session(dit_model, vae_model, *, decoder=None, unroll_layers: bool = True):
+    """The demo's and `serve.py generate`'s `StreamingSession` around built modules: 2-frame
+    blocks, a 4-frame rolling cache, no re-anchoring, the served step (`SERVING_STEPS`)."""
+    from rynn_jax.models import causal
+    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+
     return StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
                                                                       policy="rolling"),
-                            SERVING_STEPS, chunk_frames=None, unroll_layers=dit is not None, decoder=decoder)
+                            SERVING_STEPS, chunk_frames=None, unroll_layers=unroll_layers, decoder=decoder)
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
