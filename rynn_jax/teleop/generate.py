@@ -123,7 +123,11 @@ def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
 def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, context: Callable[[str], np.ndarray],
             image: np.ndarray | None = None, task_description: str | None = None) -> Prepared:
     """Read, check, render and retarget one stream; `context(prompt)` gives its text context.
-    Raises one of INPUT_ERRORS naming the problem."""
+    Raises one of INPUT_ERRORS naming the problem.
+
+    The small JAX work (IK, image resize) runs on the host CPU: on an accelerator it would queue
+    behind the world model's blocks (one stream of work per device), and each read-back would wait
+    for them. Only the skeleton render, one call per stream, goes to the default device."""
     try:
         stream = streams.read(directory / STREAM_FILE)
     except INPUT_ERRORS as e:
@@ -133,10 +137,11 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
     ctx = context(prompt)
     if image is None:
         image = read_png(directory / IMAGE_FILE)
-    image = fit_image(image, rcfg.height, rcfg.width)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # thread-local
+        image = fit_image(image, rcfg.height, rcfg.width)
+        retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
     joints, elbows, valid = hands_in_camera(stream, t)
     skeleton = np.asarray(render_video(rcfg, joints, elbows, default_intrinsics(rcfg), valid))
-    retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
     if len(retargeted["actions"]) < num_frames:
         raise ValueError(f"retargeting gave {len(retargeted['actions'])} frames, fewer than {num_frames}")
     return Prepared(name, stream, image, skeleton, joints.astype(np.float32), elbows.astype(np.float32),
@@ -183,13 +188,15 @@ def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bs
     """Stream one batch through the session → (B, T', H, W, 3) uint8, T' ≤ T whole blocks.
     `key`: one key, or (B,) keys, one per sample. The 8-bit frames are converted on the device,
     where the session takes them without a host-side check (they are our own renders), and the
-    blocks are queued and read back once at the end."""
+    blocks are read back once at the end."""
     session.start(np.asarray(images_bhw3, np.float32) / 127.5 - 1.0, ctx_bsk, key)
     out, used, total = [], 0, skeleton_bthw3.shape[1]
     while used + session.frames_needed <= total:
         n = session.frames_needed
         out.append(_to_uint8(session.step(_to_unit(skeleton_bthw3[:, used:used + n]))))
         used += n
+        if len(out) > 1:  # at most two blocks queued: other threads' device work (renders) gets in between
+            out[-2].block_until_ready()
     if not out:
         raise ValueError(f"{total} frames do not fill the session's first block ({session.frames_needed})")
     return np.concatenate([np.asarray(o) for o in out], axis=1)
