@@ -77,7 +77,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, nargs="+", default=[4])
     p.add_argument("--streams", type=int, default=12, help="operator streams (episodes) per timed run")
-    p.add_argument("--frames", type=int, default=81, help="frames asked per episode (cut to whole blocks)")
+    p.add_argument("--frames", type=int, default=81, help="frames per episode")
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
     p.add_argument("--decoder", choices=["tae", "vae"], default="tae")

@@ -142,11 +142,15 @@ def test_a_failed_write_on_the_writer_thread_raises_and_loses_nothing(tmp_path, 
     monkeypatch.setattr(gen, "write_episode", full_disk)
     session = gen.streaming_session(None, None, 0)  # one session (compiled once) for both runs
     with pytest.raises(OSError, match="No space left"):
-        gen.generate(root, out, batch=1, num_frames=5, height=H, width=W, session=session)
+        gen.generate(root, out, batch=1, num_frames=7, height=H, width=W, session=session)
     assert gen._done(out / "p") and not gen._done(out / "q")  # p whole, q not taken for finished
     monkeypatch.setattr(gen, "write_episode", real)
-    again = gen.generate(root, out, batch=1, num_frames=5, height=H, width=W, session=session)
-    assert again["written"] == {"q": 5} and again["skipped_done"] == 1
+    # 7 frames: a 5-frame block and an 8-frame one whose last 6 frames are dropped (exactly --frames)
+    again = gen.generate(root, out, batch=1, num_frames=7, height=H, width=W, session=session)
+    assert again["written"] == {"q": 7} and again["skipped_done"] == 1
+    source = robot_data.RobotSource(out, ClipConfig(num_frames=7, height=H, width=W))
+    assert source.load(ClipRef("q", 0))["video"].shape == (7, H, W, 3)
+    assert len(pq.read_table(out / "q" / robot_data.TIMESERIES_FILE)) == 7
     assert set(again["waited_seconds"]) == {"prepare", "world_model", "write"} and again["pipeline"]
 
 

@@ -25,8 +25,9 @@ Text: one embedding for all (`--text`), or per stream the umT5 embedding of its 
 a last, smaller batch is padded with copies of its last stream, whose extra outputs are dropped.
 While the world model runs a batch, threads prepare the next one (IK, skeleton render) and write
 the last one (MP4 encoding), so the accelerator does not wait for the host (`--sequential`: not).
-Episodes are whole numbers of blocks: `--frames` is cut down to the frames the last whole block
-reaches. Each episode is written to `<dir>.tmp` and renamed when complete, so a re-run skips what
+Every episode has exactly `--frames` frames (81 fills a Wan training clip): the world model runs
+in whole blocks, so the last block's missing skeleton frames repeat the stream's last one (the
+operator holds still) and its frames past `--frames` are dropped. Each episode is written to `<dir>.tmp` and renamed when complete, so a re-run skips what
 is finished and redoes what was cut. A stream that cannot be used (unreadable, too short, no
 camera pose, no moment with all five trackers to calibrate on, no embedding for its prompt) is listed in `<out>/failures.json` with the reason; the others are
 generated, and the exit status is 1.
@@ -185,21 +186,23 @@ def _to_uint8(frames: jax.Array) -> jax.Array:
 
 def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bsk: jax.Array,
             key: jax.Array) -> np.ndarray:
-    """Stream one batch through the session → (B, T', H, W, 3) uint8, T' ≤ T whole blocks.
+    """Stream one batch through the session → (B, T, H, W, 3) uint8 for the T skeleton frames: the
+    last block's missing skeleton frames repeat frame T − 1 and its extra output frames are dropped.
     `key`: one key, or (B,) keys, one per sample. The 8-bit frames are converted on the device,
     where the session takes them without a host-side check (they are our own renders), and the
     blocks are read back once at the end."""
     session.start(np.asarray(images_bhw3, np.float32) / 127.5 - 1.0, ctx_bsk, key)
     out, used, total = [], 0, skeleton_bthw3.shape[1]
-    while used + session.frames_needed <= total:
+    while used < total:
         n = session.frames_needed
-        out.append(_to_uint8(session.step(_to_unit(skeleton_bthw3[:, used:used + n]))))
+        block = skeleton_bthw3[:, used:used + n]
+        if block.shape[1] < n:  # the last block: hold the last pose
+            block = np.concatenate([block, np.repeat(block[:, -1:], n - block.shape[1], axis=1)], axis=1)
+        out.append(_to_uint8(session.step(_to_unit(block))))
         used += n
         if len(out) > 1:  # at most two blocks queued: other threads' device work (renders) gets in between
             out[-2].block_until_ready()
-    if not out:
-        raise ValueError(f"{total} frames do not fill the session's first block ({session.frames_needed})")
-    return np.concatenate([np.asarray(o) for o in out], axis=1)
+    return np.concatenate([np.asarray(o) for o in out], axis=1)[:, :total]
 
 
 def write_episode(ep: Prepared, video: np.ndarray, directory: Path, meta: dict) -> Path:
@@ -247,8 +250,8 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     (IK, skeleton render) and write the previous batch's episodes (MP4 encoding); else each step
     waits for the one before. Both give the same episodes. `session`: an already built
     `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`."""
-    if batch < 1:
-        raise ValueError(f"--batch must be ≥ 1, got {batch}")
+    if batch < 1 or num_frames < 1:
+        raise ValueError(f"--batch and --frames must be ≥ 1, got {batch} and {num_frames}")
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     # Episodes carry a copy of their stream: an --out inside --streams must not feed itself.
@@ -380,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", required=True, help="directory searched for operator_stream.npz (+ reference.png)")
     p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
     p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
-    p.add_argument("--frames", type=int, default=33, help="video frames per episode (cut to whole blocks)")
+    p.add_argument("--frames", type=int, default=33, help="video frames per episode")
     p.add_argument("--resolution", default=(96, 160), type=height_width,
                    help="HxW of the generated video (480x832 for the released models)")
     p.add_argument("--image", default=None, help="one reference picture for every stream (else each dir's reference.png)")
