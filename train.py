@@ -2,6 +2,7 @@
 
     python train.py --config configs/tiny.py                       # CPU smoke run, synthetic data
     python train.py --config configs/stage1_lora.py --set optim.lr=1e-5 --set ckpt.dir=/ckpt/s1
+    python train.py --config configs/synthetic_ae.py               # our own VAE (rynn_jax/training/autoencoder.py)
 
 Read top to bottom: Config → Mesh → Input → Model & state → Checkpoint → Update → Loop. The
 pieces live in rynn_jax/training (config, loss, lora, optim, state, step, checkpointing, metrics,
@@ -20,7 +21,7 @@ import jax
 
 from rynn_jax import data as data_lib
 from rynn_jax import sharding
-from rynn_jax.training import checkpointing, optim
+from rynn_jax.training import autoencoder, checkpointing, optim
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import loop as loop_lib
@@ -130,8 +131,12 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
                         help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    cfg = config_lib.apply_overrides(config_lib.load_config(args.config), args.set)
+    logging.getLogger("rynn_jax").setLevel(logging.INFO)  # ours even where a library configured logging first
+    recipe = config_lib.load_config(args.config, (config_lib.TrainConfig, autoencoder.AutoencoderTrainConfig))
+    cfg = config_lib.apply_overrides(recipe, args.set)
     logging.info("config: %s", json.dumps(config_lib.to_dict(cfg)))
+    if isinstance(cfg, autoencoder.AutoencoderTrainConfig):
+        return autoencoder.train(cfg)
     return train(cfg)
 
 

@@ -138,6 +138,19 @@ class WanVAEConfig:
                     latents_mean=(0.1, -0.2, 0.3, -0.05), latents_std=(0.5, 1.5, 0.8, 1.2))
         return cls(**{**base, **overrides})
 
+    @classmethod
+    def synthetic(cls, **overrides) -> "WanVAEConfig":
+        """The autoencoder trained on the synthetic world (rynn_jax/training/autoencoder.py):
+        stride 4×8×8 (128×224 video → 16×28 latents, 48× compression), 16 latent channels,
+        4,709,420 parameters (9.4 MB in bfloat16). Widths end on a repeated multiplier as in
+        Wan2.2: a level's parameter-free shortcut (`avg_down`) folds its input into its output
+        channels, so the last (time- and space-preserving) level cannot widen; (1, 2, 4) fails.
+        The latent statistics are placeholders until training measures them."""
+        z = overrides.get("z_dim", 16)
+        base = dict(base_dim=32, decoder_base_dim=48, z_dim=z, dim_mult=(1, 2, 2), num_res_blocks=1,
+                    temporal_downsample=(True, True), latents_mean=(0.0,) * z, latents_std=(1.0,) * z)
+        return cls(**{**base, **overrides})
+
 
 # --------------------------------------------------------------------------------------------------
 # Layers
@@ -627,23 +640,30 @@ class WanVAE(nnx.Module):
     def encode_frames(self, video: jax.Array, cache: Cache | None, first: bool,
                       normalize: bool) -> tuple[jax.Array, Cache]:
         """(B, T, H, W, 3) → latents (B, T', H/16, W/16, z), float32; `first`: see module doc."""
-        x = patchify(video.astype(jnp.dtype(self.cfg.dtype)), self.cfg.patch_size)
-        x, new_cache = self.encoder(x, cache, first)
-        mu = self.quant_conv(x)[0][..., : self.cfg.z_dim].astype(jnp.float32)
+        mu, _, new_cache = self.posterior(video, cache, first)
         if normalize:
             mu = (mu - jnp.asarray(self.cfg.latents_mean)) / jnp.asarray(self.cfg.latents_std)
         return mu, new_cache
 
+    def posterior(self, video: jax.Array, cache: Cache | None, first: bool
+                  ) -> tuple[jax.Array, jax.Array, Cache]:
+        """(B, T, H, W, 3) → the raw posterior mean and log-variance (B, T', H/16, W/16, z), float32."""
+        x = patchify(video.astype(jnp.dtype(self.cfg.dtype)), self.cfg.patch_size)
+        x, new_cache = self.encoder(x, cache, first)
+        moments = self.quant_conv(x)[0].astype(jnp.float32)
+        return moments[..., : self.cfg.z_dim], moments[..., self.cfg.z_dim:], new_cache
+
     def decode_frames(self, z: jax.Array, cache: Cache | None, first: bool,
-                      normalize: bool) -> tuple[jax.Array, Cache]:
-        """(B, T', h, w, z) → video (B, T, 16h, 16w, 3) in float32, clamped to [-1, 1]."""
+                      normalize: bool, clip: bool = True) -> tuple[jax.Array, Cache]:
+        """(B, T', h, w, z) → video (B, T, 16h, 16w, 3) in float32, clamped to [-1, 1] (clip=False:
+        unclamped, for training losses: a clamped pixel has no gradient to bring it back)."""
         z = z.astype(jnp.float32)
         if normalize:
             z = z * jnp.asarray(self.cfg.latents_std) + jnp.asarray(self.cfg.latents_mean)
         x = self.post_quant_conv(z.astype(jnp.dtype(self.cfg.dtype)))[0]
         x, new_cache = self.decoder(x, cache, first)
         video = unpatchify(x, self.cfg.patch_size).astype(jnp.float32)
-        return jnp.clip(video, -1.0, 1.0), new_cache
+        return (jnp.clip(video, -1.0, 1.0) if clip else video), new_cache
 
 
 def patchify(x: jax.Array, p: int) -> jax.Array:

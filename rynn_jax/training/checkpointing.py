@@ -45,16 +45,17 @@ class Checkpointer:
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iter)), force=True)
 
-    def restore_latest(self, target: TrainState, data_iter: grain.DatasetIterator) -> TrainState | None:
-        """The newest readable step restored onto `target`'s shardings (and `data_iter` moved to
-        its position), or None when there are no steps. Raises CheckpointError when there are
-        steps but none of them can be read."""
+    def restore_latest(self, target: TrainState, data_iter: grain.DatasetIterator | None) -> TrainState | None:
+        """The newest readable step restored onto `target`'s shardings (and `data_iter`, unless
+        None, moved to its position), or None when there are no steps. Raises CheckpointError when
+        there are steps but none of them can be read."""
         steps = self.all_steps()
         errors = []
+        items = {} if data_iter is None else {"data": grain.checkpoint.CheckpointRestore(data_iter)}
         for step in reversed(steps):
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), data=grain.checkpoint.CheckpointRestore(data_iter)))
+                    state=ocp.args.StandardRestore(target), **items))
             # Broken files surface as many error types (tensorstore, JSON, OS, value/key errors).
             except Exception as e:  # noqa: BLE001
                 errors.append(f"step {step}: {type(e).__name__}: {e}")

@@ -99,16 +99,18 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_config(path: str | os.PathLike[str]) -> TrainConfig:
-    """Run a recipe file and return its `get_config()`."""
+def load_config(path: str | os.PathLike[str], types: tuple[type, ...] = (TrainConfig,)) -> Any:
+    """Run a recipe file and return its `get_config()`, which must be one of `types` (train.py
+    also takes training.autoencoder's AutoencoderTrainConfig)."""
     spec = importlib.util.spec_from_file_location("rynn_config", os.fspath(path))
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"no config file at {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cfg = module.get_config()
-    if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not TrainConfig")
+    if not isinstance(cfg, types):
+        names = " or ".join(t.__name__ for t in types)
+        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not {names}")
     return cfg
 
 
@@ -151,7 +153,7 @@ def override(cfg: Any, key: str, text: str) -> Any:
     raise TypeError(f"cannot descend into {type(cfg).__name__} at {key!r}")
 
 
-def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
+def apply_overrides(cfg: Any, items: list[str]) -> Any:
     for item in items:
         key, sep, text = item.partition("=")
         if not sep:

@@ -64,23 +64,31 @@ def make_step_fn(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTra
             grads = jax.tree.map(lambda g: g / cfg.grad_accum, grads)
             loss = loss / cfg.grad_accum
 
-        grad_norm = optax.global_norm(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        ema = ema_update(state.ema, params, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else state.ema
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new = state.replace(step=state.step + 1, params=params, stats=stats, opt_state=opt_state, ema=ema)
-        # On a non-finite step keep everything but the step counter (the host raises on `finite`).
-        keep = state.replace(step=state.step + 1)
-        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, keep)
-        metrics = {
-            "loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.int32),
-            "param_norm": optax.global_norm(params), "update_norm": optax.global_norm(updates),
-            "lr": schedule_lr(state.step),
-        }
-        return new, metrics
+        return apply_gradients(state, grads, loss, tx, cfg.optim.ema_decay, schedule_lr, stats=stats)
 
     return step
+
+
+def apply_gradients(state: TrainState, grads: nnx.State, loss: jax.Array, tx: optax.GradientTransformation,
+                    ema_decay: float, schedule_lr: optax.Schedule, **changes) -> tuple[TrainState, Metrics]:
+    """The optimizer update, the EMA and the finiteness guard (shared with training.autoencoder);
+    `changes`: other state fields the step produced (running stats). On a non-finite loss or
+    gradient norm everything but the step counter keeps its old value and `finite` is 0, for the
+    host to raise on."""
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema = ema_update(state.ema, params, ema_decay) if ema_decay > 0 else state.ema
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema, **changes)
+    keep = state.replace(step=state.step + 1)
+    new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, keep)
+    metrics = {
+        "loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.int32),
+        "param_norm": optax.global_norm(params), "update_norm": optax.global_norm(updates),
+        "lr": schedule_lr(state.step),
+    }
+    return new, metrics
 
 
 def batch_shardings(mesh: Mesh, batch: dict) -> dict[str, NamedSharding]:

@@ -1,0 +1,238 @@
+"""Our own autoencoder (rynn_jax/training/autoencoder.py) through `train.py` on CPU: three subprocess
+runs of configs/synthetic_ae_tiny.py on toy episodes (moving shapes, both videos of an episode):
+the loss falls; a run SIGKILLed mid-training resumes to the uninterrupted run's losses and
+parameters bit for bit; the exported directory loads with the project's VAE loader, holds the
+trained weights rounded to bfloat16, encodes/decodes like the trained module, streams like the
+whole clip, and its latents_mean/std are the statistics NumPy recomputes from the posterior means."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rynn_jax.data import video as video_lib
+from rynn_jax.models import vae as vae_lib
+from rynn_jax.models.vae_weights import load_vae
+from rynn_jax.training import autoencoder as ae
+from rynn_jax.training import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "synthetic_ae_tiny.py")
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+STEPS, KILL_AT = 24, 17
+
+
+def _episode_video(rng: np.random.Generator, n: int, h: int, w: int, skeleton: bool) -> np.ndarray:
+    """A coloured disc (RGB: on a gradient background) or a line (skeleton: on black) moving
+    smoothly: something an autoencoder can learn in a few steps."""
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    c0, v = rng.uniform([0.3 * h, 0.3 * w], [0.7 * h, 0.7 * w]), rng.uniform(-1, 1, 2)
+    colour = rng.uniform(60, 250, 3)
+    frames = np.empty((n, h, w, 3), np.float32)
+    for t in range(n):
+        cy, cx = c0 + v * t
+        if skeleton:
+            d = np.abs((yy - cy) * 0.6 - (xx - cx) * 0.8)
+            frames[t] = np.where((d < 1.5)[..., None] & (np.abs(xx - cx) < w / 4)[..., None], colour, 0)
+        else:
+            frames[t] = np.stack([xx / w * 120, yy / h * 120, np.full_like(xx, 60)], -1)
+            frames[t][(yy - cy) ** 2 + (xx - cx) ** 2 < (h / 5) ** 2] = colour
+    return np.clip(frames, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("sim")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 3), ("heldout", 1)):
+        for k in range(n):
+            d = root / split / "task" / f"episode_{k:06d}"
+            d.mkdir(parents=True)
+            for name, skeleton in (("observation.images.head.mp4", False), ("skeleton.mp4", True)):
+                video_lib.write_video(d / name, _episode_video(rng, 16, 32, 48, skeleton), 16.0)
+    return str(root)
+
+
+def _overrides(episodes: str, run_dir: str) -> list[str]:
+    return [f"data.train_dirs=['{episodes}/train/*/episode_*']",
+            f"data.heldout_dirs=['{episodes}/heldout/*/episode_*']",
+            "data.height=32", "data.width=48", "data.num_frames=5", "data.batch_size=2",
+            "data.eval_clips=2", "data.stats_clips=4", "data.read_threads=2", f"total_steps={STEPS}",
+            "eval_every=0", "ckpt.every=8", "ckpt.async_save=False", f"ckpt.dir={run_dir}/ckpt",
+            f"log.dir={run_dir}/logs", "log.progress=False", f"export_dir={run_dir}/vae"]
+
+
+def _train(episodes: str, run_dir: str, cache_dir: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE,
+           # the three runs compile the same programs: compile once
+           "JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    args = ["--config", TINY]
+    for o in [*_overrides(episodes, run_dir), *extra]:
+        args += ["--set", o]
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=400)
+
+
+def _losses(run_dir: str) -> list[tuple[int, float]]:
+    with open(os.path.join(run_dir, "logs", "metrics.jsonl")) as f:
+        return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+
+
+def _cfg(episodes: str, run_dir: str) -> ae.AutoencoderTrainConfig:
+    cfg = config_lib.load_config(TINY, (ae.AutoencoderTrainConfig,))
+    return config_lib.apply_overrides(cfg, _overrides(episodes, run_dir))
+
+
+@pytest.fixture(scope="module")
+def runs(episodes, tmp_path_factory):
+    base = tmp_path_factory.mktemp("ae_runs")
+    cache = str(base / "jax_cache")
+    full, killed = str(base / "full"), str(base / "killed")
+    a = _train(episodes, full, cache)
+    assert a.returncode == 0, a.stderr[-4000:]
+    b = _train(episodes, killed, cache, f"debug_kill_at_step={KILL_AT}", "export_dir=")
+    assert b.returncode == -signal.SIGKILL, (b.returncode, b.stderr[-4000:])
+    before = _losses(killed)
+    c = _train(episodes, killed, cache, "export_dir=")
+    assert c.returncode == 0, c.stderr[-4000:]
+    return full, killed, before
+
+
+def test_loss_decreases(runs):
+    """Mean loss of the last 6 steps under 0.7 × the first 6 (measured: ≈ 0.4)."""
+    losses = np.asarray([loss for _, loss in _losses(runs[0])])
+    assert len(losses) == STEPS and np.isfinite(losses).all()
+    assert losses[-6:].mean() < 0.7 * losses[:6].mean(), losses
+
+
+def test_killed_run_resumes_bitwise(runs, episodes):
+    full, killed, before = runs
+    want = dict(_losses(full))
+    got = _losses(killed)
+    resumed = got[len(before):]
+    assert before and before[-1][0] < KILL_AT and resumed[0][0] == 17 and resumed[-1][0] == STEPS
+    for step, loss in got:
+        assert loss == want[step], (step, loss, want[step])
+    a = ae.restore(_cfg(episodes, full))
+    b = ae.restore(_cfg(episodes, killed))
+    assert int(a.step) == int(b.step) == STEPS
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def exported(runs, episodes):
+    """(config, trained float32 params, exported model as the project's loader loads it)."""
+    cfg = _cfg(episodes, runs[0])
+    return cfg, ae.restore(cfg).params, load_vae(cfg.export_dir)
+
+
+def _batches(cfg: ae.AutoencoderTrainConfig, dirs, n: int, stream: int):
+    items = ae.video_items(ae.episode_dirs(dirs, "dirs"), cfg.data.videos)
+    return list(ae.fixed_clips(cfg.data, items, n, stream))
+
+
+def test_export_loads_and_matches_trained_module(exported, fast_compile):
+    cfg, params, vae = exported
+    assert vae.cfg.param_dtype == "bfloat16" and vae.cfg.dtype == "float32"
+    assert vae.cfg.z_dim == cfg.model.z_dim and vae.cfg.temporal_stride == 4 and vae.cfg.spatial_stride == 8
+    loaded = ae.Codec(*nnx.split(vae, nnx.Param))
+    want, got = nnx.to_pure_dict(params), nnx.to_pure_dict(loaded.params)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == jnp.bfloat16 and w.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w.astype(jnp.bfloat16)))
+    # The trained module: float32 weights (the compute dtype, float32, is the config's).
+    trained = ae.Codec(loaded.graphdef, params)
+    _, clip = _batches(cfg, cfg.data.train_dirs, cfg.data.batch_size, ae.STATS_STREAM)[0]
+    x = ae.to_unit(jnp.asarray(clip))
+    z_loaded, z_trained = loaded.encode(x), trained.encode(x)
+    scale = float(jnp.max(jnp.abs(z_trained)))
+    assert float(jnp.max(jnp.abs(z_loaded - z_trained))) < 0.03 * scale  # bf16 weight rounding only
+    y_loaded, y_trained = loaded.decode(z_loaded), trained.decode(z_loaded)
+    assert y_loaded.shape == x.shape
+    assert float(jnp.max(jnp.abs(y_loaded - y_trained))) < 0.03
+    # normalize=True (what pre-encoding stores) is (raw − latents_mean) / latents_std of the export
+    zn = jax.jit(lambda p, x: vae_lib.encode(loaded.graphdef, p, x))(loaded.params, x)
+    np.testing.assert_allclose(np.asarray(zn), (np.asarray(z_loaded) - np.asarray(vae.cfg.latents_mean))
+                               / np.asarray(vae.cfg.latents_std), rtol=1e-5, atol=1e-5)
+
+
+def test_latent_statistics_match_numpy(exported, fast_compile):
+    cfg, _, vae = exported
+    loaded = ae.Codec(*nnx.split(vae, nnx.Param))
+    z = np.concatenate([np.asarray(loaded.encode(ae.to_unit(jnp.asarray(clip))), np.float64)
+                        for _, clip in _batches(cfg, cfg.data.train_dirs, cfg.data.stats_clips, ae.STATS_STREAM)])
+    assert z.shape[0] == cfg.data.stats_clips
+    z = z.reshape(-1, z.shape[-1])
+    np.testing.assert_allclose(vae.cfg.latents_mean, z.mean(0), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(vae.cfg.latents_std, z.std(0), rtol=1e-6)
+
+
+def test_heldout_streaming_equals_whole_clip(exported, fast_compile):
+    cfg, _, vae = exported
+    with open(os.path.join(cfg.export_dir, "heldout.json")) as f:
+        summary = json.load(f)
+    h = summary["heldout"]
+    assert h["streaming_max_abs_diff"] < 1e-5
+    assert abs(h["psnr_streaming"] - h["psnr"]) < 1e-3 and h["clips"] == cfg.data.eval_clips
+    assert summary["parameters"] == vae_lib.count_params(vae)
+    # each clip's PSNR recomputed in NumPy on the 0..255 scale
+    loaded = ae.Codec(*nnx.split(vae, nnx.Param))
+    names = list(cfg.data.videos)
+    for kinds, clip in _batches(cfg, cfg.data.heldout_dirs, cfg.data.eval_clips, ae.EVAL_STREAM):
+        y = np.asarray(loaded.reconstruct(ae.to_unit(jnp.asarray(clip))), np.float64)
+        mse = ((y + 1) * 127.5 - clip.astype(np.float64)) ** 2
+        psnr = 10 * np.log10(255.0 ** 2 / mse.mean(axis=(1, 2, 3, 4)))
+        assert sorted(kinds) == [0, 1]  # one clip of each video
+        for k, p in zip(kinds, psnr):
+            assert abs(h[f"psnr_{names[k]}"] - p) < 1e-3, (names[k], h, p)
+
+
+def test_synthetic_preset_shapes():
+    """The preset (no allocation): parameter count, 128×224×17 → 16×28×5 latents and back."""
+    cfg = vae_lib.WanVAEConfig.synthetic()
+    graphdef, abstract = nnx.split(vae_lib.abstract_vae(cfg))
+    assert vae_lib.count_params(abstract) == 4_709_420
+    video = jax.ShapeDtypeStruct((1, 17, 128, 224, 3), jnp.float32)
+    z = jax.eval_shape(lambda p, v: vae_lib.encode(graphdef, p, v), abstract, video)
+    assert z.shape == (1, 5, 16, 28, 16)
+    y = jax.eval_shape(lambda p, z: vae_lib.decode(graphdef, p, z), abstract, z)
+    assert y.shape == video.shape
+
+
+@pytest.mark.parametrize("override, match", [
+    ("data.num_frames=16", "data.num_frames must be 1 \\+ 4·k"),
+    ("data.height=60", "multiples of the VAE's spatial stride 8"),
+    ("data.batch_size=0", "data.batch_size must be ≥ 1"),
+    ("export_dtype=float16", "export_dtype must be"),
+])
+def test_config_errors_are_one_line(override, match):
+    cfg = config_lib.load_config(TINY, (ae.AutoencoderTrainConfig,))
+    with pytest.raises(ValueError, match=match) as e:
+        config_lib.apply_overrides(cfg, [override])
+    assert "\n" not in str(e.value)
+
+
+def test_data_errors_are_one_line(tmp_path, episodes):
+    cfg = config_lib.load_config(TINY, (ae.AutoencoderTrainConfig,))
+    with pytest.raises(FileNotFoundError, match="data.train_dirs: no episode directory matches") as e:
+        ae.train(config_lib.apply_overrides(cfg, [f"data.train_dirs=['{tmp_path}/none/*']"]))
+    assert "\n" not in str(e.value)
+    (tmp_path / "ep").mkdir()
+    video_lib.write_video(tmp_path / "ep" / "observation.images.head.mp4", np.zeros((2, 16, 16, 3), np.uint8), 16.0)
+    with pytest.raises(FileNotFoundError, match="skeleton.mp4: missing") as e:
+        ae.video_items(ae.episode_dirs([str(tmp_path / "ep")], "data.train_dirs"), ae.SIM_VIDEOS)
+    with pytest.raises(TypeError, match="not TrainConfig or AutoencoderTrainConfig"):
+        config_lib.load_config(os.path.join(ROOT, "configs", "distill_tiny.py"),
+                               (config_lib.TrainConfig, ae.AutoencoderTrainConfig))
