@@ -236,3 +236,14 @@ def test_data_errors_are_one_line(tmp_path, episodes):
     with pytest.raises(TypeError, match="not TrainConfig or AutoencoderTrainConfig"):
         config_lib.load_config(os.path.join(ROOT, "configs", "distill_tiny.py"),
                                (config_lib.TrainConfig, ae.AutoencoderTrainConfig))
+
+
+def test_gaussian_kl_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    mean, logvar = rng.normal(size=(3, 5)), rng.normal(size=(3, 5)) * 2
+    want = torch.distributions.kl_divergence(
+        torch.distributions.Normal(torch.tensor(mean), torch.tensor(np.exp(0.5 * logvar))),
+        torch.distributions.Normal(0.0, 1.0)).mean().item()
+    got = float(ae.gaussian_kl(jnp.asarray(mean, jnp.float32), jnp.asarray(logvar, jnp.float32)))
+    assert abs(got - want) < 1e-5 * max(1.0, abs(want)), (got, want)

@@ -236,6 +236,11 @@ def psnr(mse: jax.Array) -> jax.Array:
     return 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-12))
 
 
+def gaussian_kl(mean: jax.Array, logvar: jax.Array) -> jax.Array:
+    """Mean over elements of KL(N(mean, exp(logvar)) ‖ N(0, 1))."""
+    return jnp.mean(0.5 * (jnp.square(mean) + jnp.exp(logvar) - 1.0 - logvar))
+
+
 def losses(model: WanVAE, video_u8: jax.Array, rng: jax.Array, cfg: AutoencoderTrainConfig
            ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Weighted L1 + MSE (+ KL) of one batch; pixels compared before the decoder's clamp."""
@@ -248,7 +253,7 @@ def losses(model: WanVAE, video_u8: jax.Array, rng: jax.Array, cfg: AutoencoderT
     recon, _ = model.decode_frames(z, None, first=True, normalize=False, clip=False)
     err = recon - x
     l1, mse = jnp.mean(jnp.abs(err)), jnp.mean(jnp.square(err))
-    kl = jnp.mean(0.5 * (jnp.square(mean) + jnp.exp(logvar) - 1.0 - logvar))
+    kl = gaussian_kl(mean, logvar)
     loss = cfg.l1_weight * l1 + cfg.mse_weight * mse + cfg.kl_weight * kl
     return loss, {"l1": l1, "mse": mse, "kl": kl, "psnr": psnr(mse)}
 
