@@ -25,8 +25,10 @@ from rynn_jax.training import checkpointing, config as config_lib, input as inpu
 from rynn_jax.training import state as state_lib
 
 
-def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True) -> int:
-    """Writes `out_dir`; returns the exported step."""
+def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True,
+                   dtype: str = "float32") -> int:
+    """Writes `out_dir` with the weights stored as `dtype` ("bfloat16" halves the files; loaders cast
+    back to the model's param_dtype); returns the exported step."""
     if not cfg.ckpt.dir:
         raise ValueError("set ckpt.dir to the training run to export")
     mesh = sharding.make_mesh(cfg.mesh)
@@ -45,8 +47,18 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
         model = lora.merge_lora(model)
     pure = jax.tree.map(lambda x: np.asarray(x, np.float32),  # LoRA's frozen base may be bf16
                         nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, ControlStats))))
+    if dtype != "float32":  # the weights only: running statistics stay float32
+        params_only = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        cast = jax.tree.map(lambda x: np.asarray(x, dtype), params_only)
+        pure = _merge_pure(pure, cast)
     checkpoints.save_params(out_dir, pure, dataclasses.replace(cfg.model, param_dtype="float32"))
     return int(state.step)
+
+
+def _merge_pure(base: dict, update: dict) -> dict:
+    """`base` with the leaves present in `update` replaced (nested pure dicts)."""
+    return {k: _merge_pure(v, update[k]) if isinstance(v, dict) and k in update
+            else update.get(k, v) for k, v in base.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,9 +67,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", required=True)
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="storage dtype of the exported weights")
     a = p.parse_args(argv)
     cfg = config_lib.apply_overrides(config_lib.load_config(a.config), a.set)
-    step = export_weights(cfg, a.out, use_ema=not a.raw)
+    step = export_weights(cfg, a.out, use_ema=not a.raw, dtype=a.dtype)
     print(f"exported step {step} of {cfg.ckpt.dir} → {a.out}")
 
 
