@@ -37,5 +37,5 @@ def teacher_model(**overrides) -> WanDiTConfig:
     repository's 40 MB together."""
     base = dict(dim=256, num_layers=8, num_heads=4, ffn_dim=768, freq_dim=128,
                 in_channels=16, out_channels=16, control_channels=16, text_dim=TEXT_DIM, text_len=TEXT_LEN,
-                control="add", dtype="bfloat16", param_dtype="float32")
+                control="add-plus", dtype="bfloat16", param_dtype="float32")
     return WanDiTConfig(**{**base, **overrides})

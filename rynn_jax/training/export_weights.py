@@ -4,15 +4,17 @@
         --out weights/stage1 [--raw]
 
 Takes the newest readable step of the run, uses the EMA weights (unless `--raw` or the run kept
-none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch and its
-running statistics included) in the `rynn_jax.checkpoints` layout that `load_dit` and
-`ckpt.init_from` read.
+none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch included)
+in the `rynn_jax.checkpoints` layout that `load_dit` and `ckpt.init_from` read; an add-plus model's
+running statistics go beside the weights in `control_stats.json` (models/control.py), which
+`load_dit`, `ckpt.init_from` and distillation's teacher read back.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import jax
@@ -20,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from rynn_jax import checkpoints, sharding
-from rynn_jax.models.control import ControlStats
+from rynn_jax.models import control
 from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim
 from rynn_jax.training import state as state_lib
 
@@ -46,19 +48,14 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
     if cfg.lora.rank > 0:
         model = lora.merge_lora(model)
     pure = jax.tree.map(lambda x: np.asarray(x, np.float32),  # LoRA's frozen base may be bf16
-                        nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, ControlStats))))
-    if dtype != "float32":  # the weights only: running statistics stay float32
-        params_only = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        cast = jax.tree.map(lambda x: np.asarray(x, dtype), params_only)
-        pure = _merge_pure(pure, cast)
-    checkpoints.save_params(out_dir, pure, dataclasses.replace(cfg.model, param_dtype="float32"))
+                        nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    if dtype != "float32":
+        pure = jax.tree.map(lambda x: np.asarray(x, dtype), pure)
+    model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
+    checkpoints.save_params(out_dir, pure, model_cfg)
+    if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
+        control.write_stats(os.path.join(out_dir, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
     return int(state.step)
-
-
-def _merge_pure(base: dict, update: dict) -> dict:
-    """`base` with the leaves present in `update` replaced (nested pure dicts)."""
-    return {k: _merge_pure(v, update[k]) if isinstance(v, dict) and k in update
-            else update.get(k, v) for k, v in base.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
