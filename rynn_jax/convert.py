@@ -258,15 +258,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", default=None,
                         help="architecture preset: DiT 'ti2v_5b' (default) or 'tiny'; VAE 'wan22' or 'tiny'")
     parser.add_argument("--dtype", default=None, help="cast parameters, e.g. bfloat16 (default: keep fp32)")
+    parser.add_argument("--control", default="none", choices=["none", "add", "add-plus", "concat"],
+                        help="DiT: the checkpoint's control branch (RynnWorld-Teleop releases: add or add-plus)")
+    parser.add_argument("--control-stats", default=None, metavar="JSON",
+                        help="DiT, add-plus: the control statistics record to keep beside the weights")
     args = parser.parse_args(argv)
+    if args.model != "dit" and (args.control != "none" or args.control_stats):
+        parser.error("--control / --control-stats apply to the DiT only")
 
+    stats = None
     if args.model == "dit":
+        from rynn_jax.models import control
         from rynn_jax.models.dit import WanDiTConfig
         from rynn_jax.models.dit_weights import load_dit_checkpoint
 
         presets = {"ti2v_5b": WanDiTConfig.ti2v_5b, "tiny": WanDiTConfig.tiny}
-        cfg = presets[args.config or "ti2v_5b"]()
+        cfg = presets[args.config or "ti2v_5b"](control=args.control)
         cfg = dataclasses.replace(cfg, param_dtype=args.dtype) if args.dtype else cfg
+        if args.control_stats:  # read (and checked) before anything is written
+            try:
+                stats = control.read_stats(args.control_stats, cfg)
+            except ValueError as e:
+                parser.error(f"--control-stats: {e}")
         params = load_dit_checkpoint(args.src, cfg, args.dtype)
     else:
         from rynn_jax.models.vae import WanVAEConfig
@@ -277,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         params = load_vae_checkpoint(args.src, cfg, args.dtype)
     n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
     checkpoints.save_params(args.out, params, cfg)
+    if stats is not None:
+        control.write_stats(os.path.join(args.out, control.STATS_FILE), stats, cfg)
     print(f"wrote {args.model} ({n:,} parameters) to {args.out}")
 
 
