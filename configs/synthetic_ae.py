@@ -1,29 +1,33 @@
 """Our own video autoencoder for the synthetic world: WanVAEConfig.synthetic() (4.7M parameters,
-stride 4×8×8, 16 channels) trained on 17-frame clips of the head-camera and skeleton videos of
-128×224 sim episodes (docs/sim.md), then exported with its latent statistics and evaluated on the
-held-out episodes (rynn_jax/training/autoencoder.py).
+stride 4×8×8, 16 channels) trained on 17-frame clips of the head-camera and skeleton videos of the
+training episodes (configs/synthetic.py has the split and paths), exported with its latent
+statistics where pre-encoding reads it, and evaluated on the held-out episodes
+(rynn_jax/training/autoencoder.py, docs/autoencoder.md).
 
-    python train.py --config configs/synthetic_ae.py [--set data.worker_count=14 --set total_steps=3000]
-    python -m rynn_jax.training.autoencoder export --config configs/synthetic_ae.py --out DIR   # from ckpt.dir
+    python train.py --config configs/synthetic_ae.py [--set total_steps=3000 --set data.worker_count=14]
+    python -m rynn_jax.training.autoencoder export --config configs/synthetic_ae.py --out DIR   # newest checkpoint
 """
 
+from configs import synthetic
 from rynn_jax.models.vae import WanVAEConfig
 from rynn_jax.training.autoencoder import AutoencoderDataConfig, AutoencoderTrainConfig
 from rynn_jax.training.config import CheckpointConfig, LogConfig, OptimConfig
 
 
 def get_config() -> AutoencoderTrainConfig:
+    run = f"{synthetic.RUNS}/autoencoder"
     return AutoencoderTrainConfig(
         model=WanVAEConfig.synthetic(dtype="bfloat16"),  # float32 master weights, bfloat16 convs
         data=AutoencoderDataConfig(
-            train_dirs=("data/sim_ae/train/*/episode_*",), heldout_dirs=("data/sim_ae/heldout/*/episode_*",),
-            height=128, width=224, num_frames=17, batch_size=16, worker_count=12, read_threads=4,
-            eval_clips=128, stats_clips=256),
+            train_dirs=(f"{synthetic.DATA_TRAIN}/*/episode_*",),
+            heldout_dirs=(f"{synthetic.DATA_HELDOUT}/*/episode_*",),
+            height=synthetic.HEIGHT, width=synthetic.WIDTH, num_frames=17, batch_size=16, worker_count=12,
+            read_threads=4, eval_clips=96, stats_clips=256),
         optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule="cosine", end_lr_factor=0.05,
                           weight_decay=0.0, grad_clip=1.0, ema_decay=0.0),
-        ckpt=CheckpointConfig(dir="runs/synthetic_ae/ckpt", every=500, keep=2),
-        log=LogConfig(dir="runs/synthetic_ae/logs", every=50),
+        ckpt=CheckpointConfig(dir=f"{run}/ckpt", every=500, keep=2),
+        log=LogConfig(dir=f"{run}/logs", every=50),
         total_steps=3000,  # ≈ 3 min at the estimated 15 steps/s of an H200 (calibrate: perf/steps_per_s)
         eval_every=0,  # held-out PSNR after training only (each evaluation compiles; train/psnr is logged every step)
-        export_dir="runs/synthetic_ae/vae",
+        export_dir=synthetic.AUTOENCODER,  # what pre-encoding's --vae and the demo load
     )

@@ -1,26 +1,22 @@
 """CPU / CI smoke version of configs/synthetic_ae.py: a 0.17M-parameter autoencoder of the same
-layout on 5-frame 64×112 clips of tiny sim episodes.
+layout on 5-frame 64×112 clips of the same episode directories (any resolution: frames are resized).
+Same paths as the real recipe (checkpoints, export): run it in a scratch WORKDIR.
 
-    python -m rynn_jax.sim.cli generate --task all --n 2 --out data/sim_tiny/train --resolution tiny
-    python -m rynn_jax.sim.cli generate --task all --n 1 --seed 1000 --out data/sim_tiny/heldout --resolution tiny
-    python train.py --config configs/synthetic_ae_tiny.py
+    CONFIG_SUFFIX=_tiny RES=64x112 N_TRAIN=2 N_HELDOUT=1 WORKDIR=/tmp/smoke scripts/synthetic_world_model.sh data heldout autoencoder
 """
 
+import dataclasses
+
+from configs import synthetic_ae
 from rynn_jax.models.vae import WanVAEConfig
-from rynn_jax.training.autoencoder import AutoencoderDataConfig, AutoencoderTrainConfig
-from rynn_jax.training.config import CheckpointConfig, LogConfig, OptimConfig
 
 
-def get_config() -> AutoencoderTrainConfig:
-    return AutoencoderTrainConfig(
-        model=WanVAEConfig.synthetic(base_dim=8, decoder_base_dim=8, z_dim=4),
-        data=AutoencoderDataConfig(
-            train_dirs=("data/sim_tiny/train/*/episode_*",), heldout_dirs=("data/sim_tiny/heldout/*/episode_*",),
-            height=64, width=112, num_frames=5, batch_size=4, eval_clips=8, stats_clips=8),
-        optim=OptimConfig(lr=3e-3, warmup_steps=10, weight_decay=0.0, ema_decay=0.0),
-        ckpt=CheckpointConfig(dir="runs/synthetic_ae_tiny/ckpt", every=50, keep=2),
-        log=LogConfig(dir="runs/synthetic_ae_tiny/logs", every=10),
-        total_steps=100,
-        eval_every=50,
-        export_dir="runs/synthetic_ae_tiny/vae",
-    )
+def get_config():
+    cfg = synthetic_ae.get_config()
+    return dataclasses.replace(
+        cfg, model=WanVAEConfig.synthetic(base_dim=8, decoder_base_dim=8, z_dim=4), total_steps=100,
+        data=dataclasses.replace(cfg.data, height=64, width=112, num_frames=5, batch_size=4, worker_count=0,
+                                 eval_clips=8, stats_clips=8),
+        optim=dataclasses.replace(cfg.optim, lr=3e-3, warmup_steps=10),
+        ckpt=dataclasses.replace(cfg.ckpt, every=50),
+        log=dataclasses.replace(cfg.log, every=10))
