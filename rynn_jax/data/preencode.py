@@ -232,8 +232,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--text-embeddings", default=None, help="directory of <sha256>.safetensors")
     p.add_argument("--allow-missing-text", action="store_true", help="store empty embeddings")
     p.add_argument("--frames", type=int, default=None, help="clip length (default per source)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="clip start spacing in frames (default: the clip length, no overlap)")
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
+    p.add_argument("--text-dim", type=int, default=4096, help="embedding width (umT5-XXL: 4096)")
+    p.add_argument("--text-len", type=int, default=512, help="context slots the DiT reads")
     p.add_argument("--records-per-shard", type=int, default=64)
     p.add_argument("--worker", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=1)
@@ -241,12 +245,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     clip_cfg = ClipConfig(num_frames=a.frames or DEFAULT_FRAMES[a.source], height=a.height,
-                          width=a.width)
+                          width=a.width, stride=a.stride)
     source = make_source(a.source, a.root, clip_cfg, a.strict)
     summary = preencode(
         source, a.out, encode_video=vae_encoder(a.vae),
         render_control=skeleton_renderer(a.height, a.width, clip_cfg.fps),
-        embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error"),
+        embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error",
+                                      text_dim=a.text_dim, text_len=a.text_len),
         cfg=PreencodeConfig(records_per_shard=a.records_per_shard, worker=a.worker,
                             num_workers=a.num_workers))
     print(json.dumps(summary, indent=1))

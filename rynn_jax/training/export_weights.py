@@ -27,8 +27,10 @@ from rynn_jax.training import checkpointing, config as config_lib, input as inpu
 from rynn_jax.training import state as state_lib
 
 
-def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True) -> int:
-    """Writes `out_dir`; returns the exported step."""
+def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True,
+                   dtype: str = "float32") -> int:
+    """Writes `out_dir` with the weights stored as `dtype` ("bfloat16" halves the files; loaders cast
+    back to the model's param_dtype); returns the exported step."""
     if not cfg.ckpt.dir:
         raise ValueError("set ckpt.dir to the training run to export")
     mesh = sharding.make_mesh(cfg.mesh)
@@ -47,6 +49,8 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
         model = lora.merge_lora(model)
     pure = jax.tree.map(lambda x: np.asarray(x, np.float32),  # LoRA's frozen base may be bf16
                         nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    if dtype != "float32":
+        pure = jax.tree.map(lambda x: np.asarray(x, dtype), pure)
     model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
     checkpoints.save_params(out_dir, pure, model_cfg)
     if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
@@ -60,9 +64,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", required=True)
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="storage dtype of the exported weights")
     a = p.parse_args(argv)
     cfg = config_lib.apply_overrides(config_lib.load_config(a.config), a.set)
-    step = export_weights(cfg, a.out, use_ema=not a.raw)
+    step = export_weights(cfg, a.out, use_ema=not a.raw, dtype=a.dtype)
     print(f"exported step {step} of {cfg.ckpt.dir} → {a.out}")
 
 
