@@ -22,8 +22,8 @@ whole batch (B, T, H, W); σ is the unbiased standard deviation plus 1e-8 (`batc
     use those. With `control_video_stats="prior"` the fixed prior (`control_prior_mean`,
     `control_prior_std`, default 0 / 0.8) is used instead. When no video statistics were ever
     recorded, μ_z, σ_z fall back to the control's own μ_c, σ_c (as the release does), so e_c = c.
-    When no control statistics were recorded either (a model that never trained with add-plus),
-    μ_c, σ_c are the current control batch's: again e_c = c up to rounding, i.e. plain "add".
+    A model that never trained with add-plus has recorded nothing: μ_c, σ_c are then the fresh
+    record's 0 / 1 and e_c = c exactly (plain "add"), whatever the batch or block split.
 
 The running statistics are model state (`ControlStats`, never trained by the optimizer), kept in the
 training state; a model *file* holds the weights alone, as the release's do, and the statistics travel
@@ -117,15 +117,14 @@ class ControlBranch(nnx.Module):
         """e_c of add-plus (float32). `train` folds this batch into the running statistics (then
         `gt_latent_bthwc`, the clean video latent, is required); eval only reads them."""
         cfg = self.cfg
-        mean_c, std_c = batch_stats(c_bthwc)
         if train:
             if gt_latent_bthwc is None:
                 raise ValueError("control='add-plus' in training needs the clean video latent (gt_latent_bthwc)")
             mean_z, std_z = batch_stats(jax.lax.stop_gradient(gt_latent_bthwc))
-            self.control_stats.update(mean_c, std_c, cfg.control_stats_momentum)
+            self.control_stats.update(*batch_stats(c_bthwc), cfg.control_stats_momentum)
             self.video_stats.update(mean_z, std_z, cfg.control_stats_momentum)
             return align(c_bthwc, self.control_stats.mean[...], self.control_stats.std[...], mean_z, std_z)
-        mean_c, std_c = self.control_stats.value_or(mean_c, std_c)
+        mean_c, std_c = self.control_stats.mean[...], self.control_stats.std[...]  # 0 / 1 if never recorded
         if gt_latent_bthwc is not None:
             mean_z, std_z = batch_stats(jax.lax.stop_gradient(gt_latent_bthwc))
         elif cfg.control_video_stats == "prior":

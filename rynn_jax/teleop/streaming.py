@@ -15,7 +15,9 @@ sigma with fresh noise) and "unipc" (the released multistep solver on the same s
 
 Frame 0 of every chunk is the reference image latent (clean, t = 0): in the chunk's first block it
 is pinned before every model call, as TI2V sampling does. B sessions run in lock step (one chunk
-clock), each with its own reference, text, control and noise.
+clock), each with its own reference, text, control and noise. There is no future ground truth: an
+add-plus control branch aligns each block with the statistics the model carries (the running
+clean-video statistics recorded in training; models/control.py), never updating them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 One clip: the reference image becomes latent frame 0 (clean, t = 0), the rendered skeleton video
 becomes the control latent, and the DiT's velocity field is integrated from noise by the
 flow-matching sampler; the VAE decodes the result. Every stage is a jitted pure function of
-(graphdef, state, inputs), compiled once per clip shape.
+(graphdef, state, inputs), compiled once per clip shape. An add-plus control branch uses the
+statistics stored with the model (models/control.py), as streaming does.
 """
 
 from __future__ import annotations
