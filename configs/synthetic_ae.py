@@ -21,8 +21,8 @@ def get_config() -> AutoencoderTrainConfig:
         data=AutoencoderDataConfig(
             train_dirs=(f"{synthetic.DATA_TRAIN}/*/episode_*",),
             heldout_dirs=(f"{synthetic.DATA_HELDOUT}/*/episode_*",),
-            height=synthetic.HEIGHT, width=synthetic.WIDTH, num_frames=17, batch_size=16, worker_count=12,
-            read_threads=4, eval_clips=96, stats_clips=256),
+            height=synthetic.HEIGHT, width=synthetic.WIDTH, num_frames=17, batch_size=16, worker_count=8,
+            read_threads=2, eval_clips=96, stats_clips=256),
         optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule="cosine", end_lr_factor=0.05,
                           weight_decay=0.0, grad_clip=1.0, ema_decay=0.0),
         ckpt=CheckpointConfig(dir=f"{run}/ckpt", every=500, keep=2),

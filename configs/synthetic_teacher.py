@@ -28,7 +28,7 @@ def get_config() -> TrainConfig:
         data=DataConfig(kind="latents", batch_size=32, sources={"robot": synthetic.LATENTS},
                         weights={"robot": 1.0}, worker_count=8, text_len=synthetic.TEXT_LEN),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1, context=1),
-        ckpt=CheckpointConfig(dir=run, every=500, keep=2),
+        ckpt=CheckpointConfig(dir=run, every=250, keep=2),
         log=LogConfig(dir=f"{run}/logs", every=50, sample_every=0),
         total_steps=20000,
         min_sharded_size=1 << 30,  # one GPU, nothing to shard
