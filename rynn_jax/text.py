@@ -100,7 +100,7 @@ def write_hashed_embeddings(prompts: list[str], out: str, length: int, dim: int)
 def episode_prompts(root: str) -> list[str]:
     """Distinct `task_description`s of the episodes (`*/metadata.json`) under `root`."""
     found = set()
-    for dirpath, _, files in os.walk(root):
+    for dirpath, _, files in os.walk(root, followlinks=True):
         if "metadata.json" in files:
             with open(os.path.join(dirpath, "metadata.json")) as f:
                 desc = json.load(f).get("task_description")
