@@ -29,6 +29,22 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty `<final>.tmp` to fill; when the block ends without an error it replaces
+    `final`, so a directory without the suffix is always whole (on an error the `.tmp` stays for
+    inspection; the next `atomic_dir` of the same name clears it)."""
+    final = Path(final)
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    yield tmp
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+@contextlib.contextmanager
 def staged_files(out: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty staging folder inside `out`; when the block ends without an error each file
     written there replaces its namesake in `out` (other files in `out` are kept)."""

@@ -68,7 +68,8 @@ from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_video
-from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
+from rynn_jax.atomic import atomic_dir
+from rynn_jax.sim.export import vectors, write_action_stats
 from rynn_jax.teleop.demo import (
     IMAGE_FILE,
     STREAM_FILE,
