@@ -183,8 +183,8 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     errors.existing(sample_dir, "--sample", kind="directory")
     stream = streams.read(sample_dir / STREAM_FILE)
     streams.check(stream, str(sample_dir / STREAM_FILE))
-    t_video = video_times(stream, num_frames)
     reference = read_reference(sample_dir / IMAGE_FILE)
+    t_video = video_times(stream, num_frames)
     height, width = resolution or reference.shape[:2]
     check_resolution(height, width, "--resolution" if resolution else f"{sample_dir / IMAGE_FILE}: size")
     errors.writable_dir(out, "--out")

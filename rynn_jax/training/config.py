@@ -108,7 +108,8 @@ def run_recipe(path: str | os.PathLike[str], want: type, arg: str = "") -> Any:
     """Run the recipe file at `path` and return its `get_config()` (`get_config(arg)` when `arg`),
     checked to be a `want`. A missing or broken recipe is a user error naming `--config`."""
     path = os.fspath(path)
-    errors.existing(path, "--config", kind="file")
+    if not os.path.isfile(path):
+        raise errors.UsageError(f"--config {path}: no such recipe file", fix="pass a file under configs/")
     spec = importlib.util.spec_from_file_location("rynn_config", path)
     if spec is None or spec.loader is None:
         raise errors.UsageError(f"--config {path}: not a Python recipe file", fix="pass a file under configs/")
