@@ -5,7 +5,7 @@
     python distill.py --config configs/distill_5b.py --set phase=dmd --set student_from=runs/distill_a/ckpt
 
 Without ckpt.dir and log.dir a run writes to runs/<recipe>-<time>/. Ctrl-C (or SIGTERM) finishes
-the current step, saves it and exits 0 ("saved step N"); the same command resumes.
+the current step, saves it and exits 0 ("saved step N"), printing how to resume.
 
 Phase A (warmup): causal flow matching with block-wise teacher forcing. Phase B (dmd): the student
 rolls out block by block through its KV cache and is trained with DMD against the frozen teacher

@@ -4,7 +4,7 @@
     python train.py --config configs/stage1_lora.py --set optim.lr=1e-5 --set ckpt.dir=/ckpt/s1
 
 A run with existing checkpoint steps in ckpt.dir resumes from the newest one. Ctrl-C (or SIGTERM)
-finishes the current step, saves it and exits 0 ("saved step N"); run the same command to resume.
+finishes the current step, saves it and exits 0 ("saved step N"), printing how to resume.
 
 Read top to bottom: Config → Mesh → Input → Model & state → Checkpoint → Update → Loop. The
 pieces live in rynn_jax/training (config, loss, lora, optim, state, step, checkpointing, metrics,

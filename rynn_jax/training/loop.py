@@ -76,15 +76,18 @@ class Loop:
 
     def steps(self) -> Iterator[int]:
         """Steps start + 1 … total_steps, ending early (after a checkpoint) on SIGINT/SIGTERM."""
-        for step in range(self.start + 1, self.total_steps + 1):
-            yield step
-            if self.stop_signal is not None:
-                self.flush()
-                if self.ckpt is not None and self._saved_step != step:
-                    self.ckpt.save(step, self._last_state, self.data_iter)
-                    self._saved_step = step
-                self._stopped_at = step
-                return
+        try:
+            for step in range(self.start + 1, self.total_steps + 1):
+                yield step
+                if self.stop_signal is not None:
+                    self.flush()
+                    if self.ckpt is not None and self._saved_step != step:
+                        self.ckpt.save(step, self._last_state, self.data_iter)
+                        self._saved_step = step
+                    self._stopped_at = step
+                    return
+        finally:  # also when the loop body raises: Ctrl-C behaves as usual again
+            self._restore_handlers()
 
     def dispatched(self, step: int, metrics: dict[str, jax.Array]) -> None:
         """Call right after dispatching `step`: reads the previous step's metrics, queues these."""
@@ -135,6 +138,8 @@ class Loop:
         self._restore_handlers()
         stopped = getattr(self, "_stopped_at", None)
         if stopped is not None and jax.process_index() == 0:
-            where = f"saved step {stopped} in {self.ckpt_cfg.dir}" if self.ckpt is not None else \
-                f"stopped at step {stopped}, nothing saved (no ckpt.dir)"
-            print(f"{self.stop_signal}: {where}; run the same command to resume", flush=True)
+            if self.ckpt is None:
+                print(f"{self.stop_signal}: stopped at step {stopped}, nothing saved (no ckpt.dir)", flush=True)
+            else:
+                print(f"{self.stop_signal}: saved step {stopped} in {self.ckpt_cfg.dir}; to resume, run the same "
+                      f"command with --set ckpt.dir={self.ckpt_cfg.dir} --set log.dir={self.log.dir}", flush=True)
