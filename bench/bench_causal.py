@@ -62,10 +62,10 @@ def main() -> None:
     if a.layers:
         overrides["num_layers"] = a.layers
     if a.tiny:
-        cfg = WanDiTConfig.tiny(control="add", **overrides)
+        cfg = WanDiTConfig.tiny(control="add-plus", **overrides)
         hw, text_len = (4, 6), cfg.text_len
     else:
-        cfg = WanDiTConfig.ti2v_5b(control="add", dtype="bfloat16", param_dtype="bfloat16", **overrides)
+        cfg = WanDiTConfig.ti2v_5b(control="add-plus", dtype="bfloat16", param_dtype="bfloat16", **overrides)
         hw, text_len = (30, 52), 512
     tokens = (hw[0] // 2) * (hw[1] // 2)
     fpb, b = a.frames_per_block, a.batch

@@ -96,10 +96,10 @@ def main() -> None:
 
     dtype = "float32" if a.tiny else "bfloat16"
     if a.tiny:
-        dit_cfg = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4, control_channels=4)
+        dit_cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4)
         vae_cfg, tae_cfg = WanVAEConfig.tiny(), TAEConfig.tiny(dtype=dtype)
     else:
-        dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype=dtype, param_dtype=dtype)
+        dit_cfg = WanDiTConfig.ti2v_5b(control="add-plus", dtype=dtype, param_dtype=dtype)
         vae_cfg, tae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype), TAEConfig.wan22(dtype=dtype)
     t = time.perf_counter()
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)

@@ -246,11 +246,11 @@ def main() -> None:
     vae_over = {} if a.vae_conv is None else {"conv_impl": a.vae_conv}
     if a.tiny:
         vae_cfg = WanVAEConfig.tiny(**vae_over)
-        dit_cfg = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4, control_channels=4,
+        dit_cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4,
                                     token_multiple=a.token_multiple)
     else:
         vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype, **vae_over)
-        dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype=dtype, param_dtype=dtype, token_multiple=a.token_multiple)
+        dit_cfg = WanDiTConfig.ti2v_5b(control="add-plus", dtype=dtype, param_dtype=dtype, token_multiple=a.token_multiple)
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)
     vae_calibration = None
     if a.vae_fp8_static:

@@ -422,10 +422,10 @@ def target_stream(tiny: bool, clean_pass: str) -> dict:
     from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
 
     if tiny:
-        dit_cfg, tae_cfg, (h, w) = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4,
+        dit_cfg, tae_cfg, (h, w) = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4,
                                                      control_channels=4), TAEConfig.tiny(), (64, 64)
     else:
-        dit_cfg = WanDiTConfig.ti2v_5b(control="add", dtype="bfloat16", param_dtype="bfloat16")
+        dit_cfg = WanDiTConfig.ti2v_5b(control="add-plus", dtype="bfloat16", param_dtype="bfloat16")
         tae_cfg, (h, w) = TAEConfig.wan22(dtype="bfloat16"), (480, 832)
     tae = init_tae(tae_cfg, 0)
     ccfg = CausalConfig()

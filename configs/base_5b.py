@@ -14,7 +14,7 @@ ROBOT = "data/latents/robot/robot-*.array_record"
 STAGE1_MIX = dict(sources={"egodex": EGODEX, "vitra": VITRA}, weights={"egodex": 0.91, "vitra": 1.23})
 
 
-def model(control: str = "add") -> WanDiTConfig:
+def model(control: str = "add-plus") -> WanDiTConfig:
     # bf16 matmuls/attention, fp32 master weights. Measured on H200s (bench/sharding_sweep.py,
     # 8190-token clips, docs/SHARDING.md §4), one GPU: MFU 35.8% → 41.4% from padding the tokens
     # to 8192 (token_multiple: cuBLAS runs the weight-gradient GEMMs on slow sm80 kernels when

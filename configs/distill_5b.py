@@ -35,7 +35,7 @@ def get_config(phase: str = "warmup") -> DistillConfig:
     return DistillConfig(
         phase=phase,
         # bf16 compute, fp32 master weights, every layer rematerialised
-        model=base_5b.model(control="add"),
+        model=base_5b.model(control="add-plus"),
         causal=CausalConfig(frames_per_block=3, window_frames=20, policy="full"),
         student_steps=StepConfig(num_steps=4, shift=5.0, solver="x0_euler"),
         warmup=WarmupConfig(shift=5.0),

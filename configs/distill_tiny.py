@@ -19,7 +19,7 @@ from rynn_jax.training.config import (
 
 
 def get_config() -> DistillConfig:
-    model = WanDiTConfig.tiny(control="add")
+    model = WanDiTConfig.tiny(control="add-plus")
     return DistillConfig(
         phase="warmup",
         model=model,

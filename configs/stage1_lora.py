@@ -7,6 +7,6 @@ from configs import base_5b
 
 
 def get_config():
-    return base_5b.config(control="add", lora_rank=64, lr=2e-5, total_steps=20000,
+    return base_5b.config(control="add-plus", lora_rank=64, lr=2e-5, total_steps=20000,
                           **base_5b.STAGE1_MIX,
                           init_from="checkpoints/stage0_export", ckpt_dir="runs/stage1_lora")

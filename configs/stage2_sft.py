@@ -5,6 +5,6 @@ from configs import base_5b
 
 
 def get_config():
-    return base_5b.config(control="add", lora_rank=0, lr=1e-5, total_steps=5000,
+    return base_5b.config(control="add-plus", lora_rank=0, lr=1e-5, total_steps=5000,
                           sources={"robot": base_5b.ROBOT}, weights={"robot": 1.0},
                           init_from="checkpoints/stage1_sft_export", ckpt_dir="runs/stage2_sft")

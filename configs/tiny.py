@@ -10,7 +10,7 @@ from rynn_jax.training.lora import LoraConfig
 
 
 def get_config() -> TrainConfig:
-    model = WanDiTConfig.tiny(control="add")
+    model = WanDiTConfig.tiny(control="add-plus")
     return TrainConfig(
         model=model,
         lora=LoraConfig(rank=0),

@@ -264,19 +264,34 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="architecture preset: DiT 'ti2v_5b' (default) or 'tiny'; VAE 'wan22' or 'tiny'")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="cast parameters (default: keep fp32)")
+    parser.add_argument("--control", default="none", choices=["none", "add", "add-plus", "concat"],
+                        help="DiT: the checkpoint's control branch (RynnWorld-Teleop releases: add or add-plus)")
+    parser.add_argument("--control-stats", default=None, metavar="JSON",
+                        help="DiT, add-plus: the control statistics record to keep beside the weights")
     args = parser.parse_args(argv)
+    if args.model != "dit" and (args.control != "none" or args.control_stats):
+        raise errors.UsageError("--control / --control-stats: apply to the DiT only")
     presets = ("ti2v_5b", "tiny") if args.model == "dit" else ("wan22", "tiny")
     if args.config is not None and args.config not in presets:
         raise errors.UsageError(f"--config {args.config}: not a {args.model} preset", fix=f"choose from {', '.join(presets)}")
     errors.existing(args.src, "src")
+    if args.control_stats:
+        errors.existing(args.control_stats, "--control-stats", kind="file")
     errors.writable_dir(args.out, "out")
 
+    stats = None
     if args.model == "dit":
+        from rynn_jax.models import control
         from rynn_jax.models.dit import WanDiTConfig
         from rynn_jax.models.dit_weights import load_dit_checkpoint
 
-        cfg = getattr(WanDiTConfig, args.config or "ti2v_5b")()
+        cfg = getattr(WanDiTConfig, args.config or "ti2v_5b")(control=args.control)
         cfg = dataclasses.replace(cfg, param_dtype=args.dtype) if args.dtype else cfg
+        if args.control_stats:  # read (and checked) before anything is written
+            try:
+                stats = control.read_stats(args.control_stats, cfg)
+            except ValueError as e:
+                raise errors.UsageError(f"--control-stats {args.control_stats}: {e}") from None
         params = load_dit_checkpoint(args.src, cfg, args.dtype)
     else:
         from rynn_jax.models.vae import WanVAEConfig
@@ -287,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
     with atomic_dir(args.out) as tmp:  # a cut conversion never looks like a finished one
         checkpoints.save_params(tmp, params, cfg)
+        if stats is not None:
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), stats, cfg)
     print(f"wrote {args.model} ({n:,} parameters) to {args.out}")
 
 

@@ -10,6 +10,9 @@ slightly from the reference's "empty prompt"; save umT5("") once and pass it for
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -58,3 +61,70 @@ def pad_context(emb_sd: np.ndarray, text_len: int) -> np.ndarray:
 def empty_context(text_len: int = 512, text_dim: int = 4096) -> np.ndarray:
     """The all-zero context used when no prompt embedding is given (see module doc)."""
     return np.zeros((text_len, text_dim), np.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hashed prompt embeddings: a fixed, distinct context per prompt when no text encoder is at hand
+# --------------------------------------------------------------------------------------------------
+
+
+def prompt_file_name(prompt: str) -> str:
+    """`<sha256(prompt)>.safetensors`: the released code's prompt-embedding cache naming."""
+    return hashlib.sha256(prompt.encode()).hexdigest() + ".safetensors"
+
+
+def hashed_embedding(prompt: str, length: int, dim: int) -> np.ndarray:
+    """(length, dim) float32 N(0, 1) values seeded by sha256(prompt): the same prompt always gives
+    the same context and different prompts almost orthogonal ones. It carries no meaning beyond
+    identity — a model trained with it learns one context per task, which is all the synthetic
+    world needs (its tasks are fixed); umT5 embeddings replace it for real prompts."""
+    seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).standard_normal((length, dim)).astype(np.float32)
+
+
+def write_hashed_embeddings(prompts: list[str], out: str, length: int, dim: int) -> list[str]:
+    """Write each prompt's hashed embedding as `<out>/<sha256(prompt)>.safetensors`; returns paths."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(out, exist_ok=True)
+    paths = []
+    for prompt in sorted(set(prompts)):
+        path = os.path.join(out, prompt_file_name(prompt))
+        tmp = path + ".tmp"
+        save_file({"text_embedding": hashed_embedding(prompt, length, dim)}, tmp)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def episode_prompts(root: str) -> list[str]:
+    """Distinct `task_description`s of the episodes (`*/metadata.json`) under `root`."""
+    found = set()
+    for dirpath, _, files in os.walk(root):
+        if "metadata.json" in files:
+            with open(os.path.join(dirpath, "metadata.json")) as f:
+                desc = json.load(f).get("task_description")
+            if desc:
+                found.add(desc)
+    return sorted(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rynn_jax.text",
+                                description="Write hashed prompt embeddings (a stand-in for umT5) for "
+                                            "the task descriptions of the episodes under a directory.")
+    p.add_argument("--episodes", required=True, help="directory searched for */metadata.json")
+    p.add_argument("--out", required=True, help="output directory of <sha256(prompt)>.safetensors")
+    p.add_argument("--dim", type=int, required=True, help="embedding width (the DiT's text_dim)")
+    p.add_argument("--len", type=int, default=4, help="tokens per prompt (≤ the DiT's text_len)")
+    a = p.parse_args(argv)
+    prompts = episode_prompts(a.episodes)
+    if not prompts:
+        p.error(f"no */metadata.json with a task_description under {a.episodes}")
+    for prompt, path in zip(sorted(prompts), write_hashed_embeddings(prompts, a.out, a.len, a.dim)):
+        print(f"{os.path.basename(path)}  {prompt}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,7 +21,7 @@ from rynn_jax.teleop import streaming
 # cheapest compile (tests/conftest.py); the checks compare computations compiled the same way.
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
-CFG = WanDiTConfig.tiny(control="add", num_layers=2)
+CFG = WanDiTConfig.tiny(control="add-plus", num_layers=2)
 LATENT_HW = (2, 4)  # → 2 tokens per latent frame
 
 

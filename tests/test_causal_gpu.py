@@ -75,7 +75,7 @@ def test_blockwise_cudnn_matches_dense_xla_small():
     """head_dim 128, 6 latent frames in blocks of 2, 32 tokens per frame: the cuDNN blockwise path
     (the GPU default) is as close to an fp32 reference as bf16 XLA attention under the dense mask,
     forward and parameter gradient, and its program runs only cuDNN flash without bias."""
-    small = {"dim": 256, "num_heads": 2, "ffn_dim": 512, "num_layers": 2, "control": "add", "param_dtype": "float32"}
+    small = {"dim": 256, "num_heads": 2, "ffn_dim": 512, "num_layers": 2, "control": "add-plus", "param_dtype": "float32"}
     cudnn = _model(WanDiTConfig.tiny(**small, dtype="bfloat16", attention="cudnn"))
     xla = _model(WanDiTConfig.tiny(**small, dtype="bfloat16", attention="xla"))
     ref = _model(WanDiTConfig.tiny(**small, dtype="float32", attention="xla"))
@@ -113,7 +113,7 @@ def test_blockwise_cudnn_5b_layer_memory_and_match():
     bias, the blockwise path is faster and needs no more scratch memory, with the same loss and
     gradient up to bf16 rounding (measured on an H200: 65 vs 107 ms, 3.81 vs 3.77 GiB, gradient
     rel. err 1.1e-3). Prints compile memory and step time of both."""
-    cfg = WanDiTConfig.ti2v_5b(dtype="bfloat16", param_dtype="float32", remat="full", control="add",
+    cfg = WanDiTConfig.ti2v_5b(dtype="bfloat16", param_dtype="float32", remat="full", control="add-plus",
                                num_layers=1, attention="cudnn")
     model = _model(cfg)
     batch = _batch(cfg, b=1, f=21, hw=(30, 52), text_len=512)

@@ -52,7 +52,7 @@ def test_gradient_reaches_earlier_blocks_through_the_cache():
     before the exit step is gradient-free), so a non-zero gradient with respect to the reference
     latent is gradient that crossed the cache. Parameter gradients are finite and non-zero too. With
     `cache_grad=False`, or `grad_blocks=1` (block 0 rolled out without gradient), it is exactly 0."""
-    cfg = WanDiTConfig.tiny(control="add")
+    cfg = WanDiTConfig.tiny(control="add-plus")
     model = init_dit(cfg, seed=1)
     rng = np.random.default_rng(0)
     nnx.update(model, jax.tree.map(lambda a: a + 0.1 * jnp.asarray(rng.standard_normal(a.shape), a.dtype),

@@ -196,7 +196,7 @@ def test_real_score_guidance_is_cfg_of_separate_calls(given_uncond):
     """real_score batches cond and uncond into one call; it must equal p_c + g·(p_c − p_u) from two
     separate teacher calls (uncond = batch["uncond_text_embedding"], else zeros), and g = 0 must be
     the plain conditional x0-prediction without an unconditional call."""
-    cfg = WanDiTConfig.tiny(control="add")
+    cfg = WanDiTConfig.tiny(control="add-plus")
     teacher = init_dit(cfg, seed=2)
     rng = np.random.default_rng(0)
     nnx.update(teacher, jax.tree.map(lambda a: a + 0.1 * jnp.asarray(rng.standard_normal(a.shape), a.dtype),

@@ -16,7 +16,7 @@ from rynn_jax.models import causal
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.teleop import streaming
 
-CFG = WanDiTConfig.tiny(control="add", num_layers=1)
+CFG = WanDiTConfig.tiny(control="add-plus", num_layers=1)
 CCFG = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
 SCFG = streaming.StepConfig(num_steps=2)
 B, HW = 2, (2, 4)

@@ -32,8 +32,11 @@ def test_export_then_load_dit_matches(tmp_path):
     out_raw, out_ema = raw(z, t, ctx, c), ema(z, t, ctx, c)
     assert np.isfinite(np.asarray(out_raw)).all()
     assert float(jnp.abs(out_raw - out_ema).max()) > 0  # EMA (decay 0.99) lags the raw weights
-    # The running control statistics travel with the weights.
-    stats = nnx.to_pure_dict(nnx.state(raw, nnx.Not(nnx.Param)))
-    assert float(np.abs(np.asarray(stats["control"]["mean"])).max()) > 0
+    # The running control statistics travel beside the weights (control_stats.json), as trained.
+    assert (tmp_path / "w" / "control_stats.json").is_file()
+    stats = nnx.to_pure_dict(nnx.state(raw, nnx.Not(nnx.Param)))["control"]
+    trained = 4 * cfg.grad_accum  # one update per (micro-)batch
+    for rs in (stats["control_stats"], stats["video_stats"]):
+        assert int(rs["count"]) == trained and float(np.abs(np.asarray(rs["mean"])).max()) > 0
     assert jax.tree.structure(nnx.to_pure_dict(nnx.state(raw, nnx.Param))) == \
         jax.tree.structure(nnx.to_pure_dict(nnx.state(ema, nnx.Param)))

@@ -328,7 +328,7 @@ def test_streaming_session_serves_a_quantized_dit():
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.teleop import streaming
 
-    cfg = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4, control_channels=4)
+    cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4)
     dit_f = init_dit(cfg, 2)
     rng = np.random.default_rng(3)  # move the zero-initialised control branch off zero
     nnx.update(dit_f, jax.tree.map(lambda a: a + 0.05 * jnp.asarray(rng.standard_normal(a.shape), a.dtype),

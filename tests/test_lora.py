@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from rynn_jax.training import state as state_lib
 from rynn_jax.training import step as step_lib
 from rynn_jax.training.lora import LoraConfig, LoRALinear, apply_lora, merge_lora
 
-CFG = WanDiTConfig.tiny(control="add")
+CFG = WanDiTConfig.tiny(control="add-plus")
 LORA = LoraConfig(rank=4, alpha=8.0)
 
 
@@ -112,6 +113,17 @@ def test_load_base_weights_into_lora_state(tmp_path):
     np.testing.assert_array_equal(state.params["patch_embed"][...], base_params["patch_embed"])
     np.testing.assert_array_equal(state.ema["patch_embed"][...], base_params["patch_embed"])
     assert float(jnp.abs(state.params["control"]["gate"][...] - 0.1)) < 1e-7  # kept its init
+    assert int(state.stats["control"]["control_stats"]["count"][...]) == 0  # none in a plain model
+    # A trained add-plus model (the next stage's start) brings its running statistics along.
+    ctrl = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
+                        nnx.to_pure_dict(nnx.state(abstract_dit(cfg.model), nnx.Param)))
+    checkpoints.save_params(tmp_path / "stage1", ctrl, cfg.model)
+    stats = {"control": {"mean": [0.5] * 8, "std": [2.0] * 8, "count": 7, "momentum": 0.01}}
+    (tmp_path / "stage1" / "control_stats.json").write_text(json.dumps(stats))
+    state = state_lib.load_base_weights(state, str(tmp_path / "stage1"), sh)
+    got = state.stats["control"]
+    np.testing.assert_array_equal(got["control_stats"]["std"][...], 2.0)
+    assert int(got["control_stats"]["count"][...]) == 7 and int(got["video_stats"]["count"][...]) == 0
     wide_cfg = dataclasses.replace(plain_cfg, ffn_dim=64)
     wide = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                         nnx.to_pure_dict(nnx.state(abstract_dit(wide_cfg), nnx.Param)))

@@ -49,7 +49,7 @@ def test_lost_tracker_frames_are_invalid_not_garbage():
 @pytest.fixture(scope="module")
 def world_model():
     vae_cfg = WanVAEConfig.tiny()
-    dit_cfg = WanDiTConfig.tiny(control="add", in_channels=4, out_channels=4, control_channels=4)
+    dit_cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4)
     return WorldModel(init_dit(dit_cfg, 0), init_vae(vae_cfg, 0))
 
 

@@ -113,14 +113,17 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
     todo = [(s, path) for s, path in mine if not os.path.exists(path)]
     check_prompts(source, [r for s, _ in todo for r in refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]],
                   embed_text)
+    recorded = None
     if os.path.exists(fp_path):
         with open(fp_path) as f:
-            if json.load(f)["fingerprint"] != fingerprint and shards_lib.list_shards(out_dir, source.name):
-                raise errors.InputError(f"--out {out_dir}: was encoded from a different clip index (files or "
-                                        f"clip settings changed)", fix="use a new output directory")
+            recorded = json.load(f)["fingerprint"]
+        if recorded != fingerprint and shards_lib.list_shards(out_dir, source.name):
+            raise errors.InputError(f"--out {out_dir}: was encoded from a different clip index (files or "
+                                    f"clip settings changed)", fix="use a new output directory")
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(fp_path, {"fingerprint": fingerprint, "num_clips": len(refs),
-                          "clip_config": dataclasses.asdict(source.cfg)})
+    if recorded != fingerprint:  # new, or replacing the index of a run that wrote no shard
+        _write_json(fp_path, {"fingerprint": fingerprint, "num_clips": len(refs),
+                              "clip_config": dataclasses.asdict(source.cfg)})
     done, written, skipped_clips = [p for _, p in mine if os.path.exists(p)], [], 0
     bar = tqdm(total=sum(len(refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]) for s, _ in todo),
                desc=f"preencode {source.name}", unit="clip", disable=not todo)
@@ -185,7 +188,7 @@ def lazy(factory: Callable[[], VideoEncoder]) -> VideoEncoder:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.tmp-{os.getpid()}"  # workers sharing the output directory never share a tmp
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
@@ -285,8 +288,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--allow-missing-text", action="store_true", help="store empty embeddings")
     p.add_argument("--frames", type=int, default=None, help="clip length, 1 + 4k (default per source: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(DEFAULT_FRAMES.items())) + ")")
+    p.add_argument("--stride", type=int, default=None,
+                   help="clip start spacing in frames (default: the clip length, no overlap)")
     p.add_argument("--height", type=int, default=480, help="clip height, a multiple of 32")
     p.add_argument("--width", type=int, default=832, help="clip width, a multiple of 32")
+    p.add_argument("--text-dim", type=int, default=4096, help="embedding width (umT5-XXL: 4096)")
+    p.add_argument("--text-len", type=int, default=512, help="context slots the DiT reads")
     p.add_argument("--records-per-shard", type=int, default=64)
     p.add_argument("--worker", type=int, default=0, help="this worker's number ...")
     p.add_argument("--num-workers", type=int, default=1, help="... of this many")
@@ -312,12 +319,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise errors.UsageError("--text-embeddings: not given, and every clip needs its prompt's embedding",
                                 fix="give --text-embeddings DIR (data/README.md) or --allow-missing-text")
     errors.writable_dir(a.out, "--out")
-    clip_cfg = ClipConfig(num_frames=frames, height=a.height, width=a.width)
+    if a.stride is not None and a.stride < 1:
+        raise errors.UsageError(f"--stride {a.stride}: must be ≥ 1")
+    clip_cfg = ClipConfig(num_frames=frames, height=a.height, width=a.width, stride=a.stride)
     source = make_source(a.source, a.root, clip_cfg, a.strict)
     summary = preencode(
         source, a.out, encode_video=lazy(lambda: vae_encoder(a.vae)),
         render_control=skeleton_renderer(a.height, a.width, clip_cfg.fps),
-        embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error"),
+        embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error",
+                                      text_dim=a.text_dim, text_len=a.text_len),
         cfg=PreencodeConfig(records_per_shard=a.records_per_shard, worker=a.worker,
                             num_workers=a.num_workers))
     print(json.dumps(summary, indent=1))

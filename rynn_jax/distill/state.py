@@ -25,6 +25,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from rynn_jax import sharding
 from rynn_jax.distill.config import DistillConfig
+from rynn_jax.models import control
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
 from rynn_jax.training import optim
 
@@ -112,7 +113,8 @@ def create(cfg: DistillConfig, tx_s, tx_c, mesh: Mesh) -> tuple[nnx.GraphDef, nn
 def load_teacher(cfg: DistillConfig, teacher: nnx.State, state: DistillState, shardings
                  ) -> tuple[nnx.State, DistillState]:
     """Teacher = converted weights at `ckpt.init_from` (rynn_jax.checkpoints layout), restored
-    straight into their shardings; student, EMA and critic start as copies of it."""
+    straight into their shardings; student, EMA and critic start as copies of it. The shared control
+    statistics come from the directory's control_stats.json (add-plus)."""
     from rynn_jax import checkpoints
 
     t_sh, s_sh = shardings
@@ -120,7 +122,9 @@ def load_teacher(cfg: DistillConfig, teacher: nnx.State, state: DistillState, sh
     restored = checkpoints.restore_params(cfg.ckpt.init_from, jax.tree.map(lambda a: a, pure),
                                           shardings=nnx.to_pure_dict(t_sh))
     nnx.replace_by_pure_dict(teacher, jax.tree.map(lambda r, a: r.astype(a.dtype), restored, pure))
-    return teacher, _start_from(state, teacher, cfg, s_sh)
+    saved = checkpoints.load_config(cfg.ckpt.init_from, WanDiTConfig)
+    stats = control.load_stats_into(state.stats, cfg.ckpt.init_from, saved)
+    return teacher, _start_from(dataclasses.replace(state, stats=stats), teacher, cfg, s_sh)
 
 
 def _start_from(state: DistillState, weights: nnx.State, cfg: DistillConfig, shardings: DistillState,

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from rynn_jax.models import build, rope
+from rynn_jax.models.control import MODES as CONTROL_MODES
 from rynn_jax.models.control import ControlBranch
 from rynn_jax.models.fp8 import Fp8Linear
 from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed, rms_norm
@@ -62,11 +63,15 @@ class WanDiTConfig:
     # count that is not a multiple of 8, e.g. 8190 = 21 × 390 (bench/results: 5B step 0.90 → 0.8x s).
     token_multiple: int = 1
     # Action control (RynnWorld-Teleop, see models/control.py); "none" is the plain Wan2.2 model.
-    control: Literal["none", "add", "concat"] = "none"
+    # The released code's modes: "add" (no alignment), "add-plus" (aligned), "concat" (the ablation).
+    control: Literal["none", "add", "add-plus", "concat"] = "none"
     control_channels: int = 48  # channels of the skeleton video's VAE latent
     control_gate_init: float = 0.1  # α at initialisation
-    control_stats_momentum: float = 0.01  # EMA momentum of the running control-latent statistics
-    control_prior_mean: float = 0.0  # μ_z when no ground-truth latent is given (inference)
+    control_stats_momentum: float = 0.01  # momentum of the running statistics (add-plus)
+    # μ_z, σ_z without ground truth (add-plus): "running" = the running clean-video-latent statistics
+    # recorded in training (the control's own when none were); "prior" = the fixed prior below.
+    control_video_stats: Literal["running", "prior"] = "running"
+    control_prior_mean: float = 0.0  # μ_z of the fixed prior (control_video_stats="prior")
     control_prior_std: float = 0.8  # σ_z likewise
     # Serving: block linears as FP8 e4m3 GEMMs with per-channel weight scales (fp8.quantize_dit)
     # and activation scales per token at every call, or "static": one calibrated scale per linear
@@ -75,6 +80,11 @@ class WanDiTConfig:
     fp8_activations: Literal["per_token", "static"] = "per_token"
 
     def __post_init__(self) -> None:
+        if self.control not in CONTROL_MODES:
+            raise ValueError(f"control must be one of {CONTROL_MODES} (add: no alignment, add-plus: aligned), "
+                             f"got {self.control!r}")
+        if self.control_video_stats not in ("running", "prior"):
+            raise ValueError(f"control_video_stats must be 'running' or 'prior', got {self.control_video_stats!r}")
         if self.token_multiple < 1:
             raise ValueError(f"token_multiple must be ≥ 1, got {self.token_multiple}")
         if self.fp8_activations not in ("per_token", "static"):
@@ -445,25 +455,27 @@ class WanDiT(nnx.Module):
 
     def __call__(self, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array,
                  control_bthwc: jax.Array | None = None, *, gt_latent_bthwc: jax.Array | None = None,
-                 train: bool = False) -> jax.Array:
+                 train: bool = False, null_control: bool = False) -> jax.Array:
         """Velocity for latents z (B, T, H, W, C), per-frame timesteps t (B, T) in [0, 1000],
         and text context (B, S, text_dim) (S = cfg.text_len for official weights). Returns float32.
 
         With a control branch, `control_bthwc` is the skeleton video's latent (same T, H, W as z);
-        `gt_latent_bthwc` (training) supplies μ_z, σ_z; `train=True` updates the running stats."""
+        `gt_latent_bthwc` (the clean video latent; required in training with add-plus) supplies
+        μ_z, σ_z; `train=True` updates the running stats. `null_control=True` is the null condition:
+        the branch is skipped (no control latent needed) and the output is the base model's."""
         cfg = self.cfg
         grid = token_grid(z_bthwc.shape, cfg)
         if t_bf.shape != (z_bthwc.shape[0], grid[0]):
             raise ValueError(f"timesteps must be per latent frame, shape {(z_bthwc.shape[0], grid[0])}; "
                              f"got {t_bf.shape}")
         x_bld = self.embed_patches(z_bthwc).astype(jnp.float32)
-        if self.control is not None:
+        if self.control is not None and not null_control:
             if control_bthwc is None:
-                raise ValueError("this model has a control branch: pass the control latent")
+                raise ValueError("this model has a control branch: pass the control latent (or null_control=True)")
             if control_bthwc.shape[:4] != z_bthwc.shape[:4]:
                 raise ValueError(f"control latent {control_bthwc.shape} does not align with {z_bthwc.shape}")
             x_bld = x_bld + self.control(control_bthwc, gt_latent_bthwc, train)
-        elif control_bthwc is not None:
+        elif self.control is None and control_bthwc is not None:
             raise ValueError("a control latent was given but cfg.control is 'none'")
         ctx_bsd = self.embed_text(ctx_bsk)
         temb, tproj = self.embed_time(t_bf)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import numpy as np
+from flax import nnx
 
 from rynn_jax.convert import (
     ConversionError,
@@ -40,6 +41,7 @@ from rynn_jax.convert import (
     torch_conv3d,
     torch_linear,
 )
+from rynn_jax.models import control
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit
 
 Layout = Literal["diffusers", "wan"]
@@ -102,14 +104,12 @@ def dit_rules(cfg: WanDiTConfig, layout: Layout) -> list[Rule]:
 
 
 def control_rules(cfg: WanDiTConfig) -> list[Rule]:
-    """Released RynnWorld-Teleop control weights: the same names in both layouts. The running-stat
-    names are our reading of the release (`control_running_mean/std`); the rest are documented."""
+    """Released RynnWorld-Teleop control weights, the same names in both layouts. The running
+    statistics are not among them: the release keeps them in a separate record (models/control.py)."""
     rules = [Rule(("control", "embed"), ("control_patch_embedding.weight",), torch_conv3d),
              Rule(("control", "embed_bias"), ("control_patch_embedding.bias",))]
-    if cfg.control == "add":
-        rules += [Rule(("control", "gate"), ("control_scale",), lambda x: x.reshape(())),
-                  Rule(("control", "mean"), ("control_running_mean",)),
-                  Rule(("control", "std"), ("control_running_std",))]
+    if cfg.control in ("add", "add-plus"):
+        rules.append(Rule(("control", "gate"), ("control_scale",), lambda x: x.reshape(())))
     return rules
 
 
@@ -148,20 +148,12 @@ class _Renamed(Mapping[str, np.ndarray]):
 
 def dit_params_from_state_dict(state_dict: Mapping[str, np.ndarray], cfg: WanDiTConfig,
                                layout: Layout | None = None, dtype=None) -> dict:
-    """Our pure param dict (numpy) from a checkpoint state dict in either layout."""
+    """Our pure param dict (numpy; weights only, no running statistics) from a checkpoint state dict
+    in either layout."""
     sd = _Renamed(state_dict)
     layout = layout or detect_dit_layout(sd)
-    abstract = abstract_pure_params(_param_state(abstract_dit(cfg)))
+    abstract = abstract_pure_params(nnx.state(abstract_dit(cfg), nnx.Param))
     return convert_state_dict(sd, dit_rules(cfg, layout), abstract, dtype)
-
-
-def _param_state(model):
-    """Everything a checkpoint carries: parameters and the control branch's running statistics."""
-    from flax import nnx
-
-    from rynn_jax.models.control import ControlStats
-
-    return nnx.state(model, nnx.Any(nnx.Param, ControlStats))
 
 
 def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None) -> dict:
@@ -173,10 +165,26 @@ def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=N
     return dit_params_from_state_dict(open_safetensors(path), cfg, dtype=dtype)
 
 
-def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtype=None):
-    """`from_pretrained` for the DiT. `path` is either a directory our converter wrote (orbax params +
-    config.json; fast) or an official safetensors checkpoint in Wan or diffusers layout (then `cfg`
-    says which architecture; default TI2V-5B). Returns a `WanDiT`."""
+def with_control_stats(params: dict, cfg: WanDiTConfig, stats: str | os.PathLike[str] | None) -> dict:
+    """`params` (weights only) plus the control branch's running statistics: read from the record
+    `stats` (control.STATS_FILE format) when given, else none recorded (control.py says what the
+    branch then uses). Only add-plus has statistics; a record for another mode is an error."""
+    if stats is not None:
+        values = control.read_stats(stats, cfg)
+    else:
+        values = control.default_stats(cfg)
+    if not values:
+        return params
+    return {**params, "control": {**params["control"], **values}}
+
+
+def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtype=None,
+             stats: str | os.PathLike[str] | None = None):
+    """`from_pretrained` for the DiT. `path` is either a directory our converter (or
+    training.export_weights) wrote (orbax params + config.json, and control.STATS_FILE for a trained
+    add-plus model; fast) or an official safetensors checkpoint in Wan or diffusers layout (then
+    `cfg` says which architecture; default TI2V-5B). `stats` names a control statistics record to
+    use (default: the converted directory's own, if any). Returns a `WanDiT`."""
     from rynn_jax import checkpoints
     from rynn_jax.models.dit import dit_from_params
 
@@ -184,7 +192,9 @@ def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtyp
         saved = checkpoints.load_config(path, WanDiTConfig)
         if cfg is not None and cfg != saved:
             raise ValueError(f"{path} was converted for {saved}, not {cfg}")
-        abstract = abstract_pure_params(_param_state(abstract_dit(saved)))
-        return dit_from_params(saved, checkpoints.restore_params(path, abstract, dtype))
+        abstract = abstract_pure_params(nnx.state(abstract_dit(saved), nnx.Param))
+        params = checkpoints.restore_params(path, abstract, dtype)
+        own = control.stats_file_of(path) if saved.control == "add-plus" else None
+        return dit_from_params(saved, with_control_stats(params, saved, stats if stats is not None else own))
     cfg = cfg or WanDiTConfig.ti2v_5b()
-    return dit_from_params(cfg, load_dit_checkpoint(path, cfg, dtype))
+    return dit_from_params(cfg, with_control_stats(load_dit_checkpoint(path, cfg, dtype), cfg, stats))

@@ -19,6 +19,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import time
@@ -43,7 +44,7 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
     from rynn_jax.sim import episode, export
 
     t0 = time.perf_counter()
-    ep = episode.generate(task, seed, resolution=resolution, num_frames=frames, shadows=shadows)
+    ep = episode.generate(task, seed, resolution=parse_resolution(resolution), num_frames=frames, shadows=shadows)
     if ep.success:
         export.write_episode(ep, export.episode_dir(out, task, attempt))
     record = {"task": task, "attempt": attempt, "seed": seed, "success": ep.success, "failures": ep.failures,
@@ -54,6 +55,18 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
     tmp.write_text(json.dumps(record))
     os.replace(tmp, marker)
     return record
+
+
+def parse_resolution(text: str) -> str | tuple[int, int]:
+    """A named resolution ("tiny", "small", "full") or "HxW" in pixels, e.g. "128x224"."""
+    from rynn_jax.sim.episode import RESOLUTIONS
+
+    if text in RESOLUTIONS:
+        return text
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m or min(int(m[1]), int(m[2])) < 16:
+        raise ValueError(f"resolution {text!r}: use one of {sorted(RESOLUTIONS)} or HxW in pixels (≥ 16), e.g. 128x224")
+    return int(m[1]), int(m[2])
 
 
 def _done_attempts(out: str, task: str) -> dict[int, dict]:
@@ -162,14 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--n", type=int, required=True, help="successful episodes per task")
     g.add_argument("--out", required=True, help="output root (created; re-run to resume)")
     g.add_argument("--workers", type=int, default=1, help="worker processes (0/1: in this process)")
-    g.add_argument("--resolution", default="tiny", choices=["tiny", "small", "full"],
-                   help="tiny 64×112 (tests), small 240×416, full 480×832")
+    g.add_argument("--resolution", default="tiny",
+                   help="tiny 64×112 (tests), small 240×416, full 480×832, or HxW (e.g. 128x224)")
     g.add_argument("--frames", type=int, default=None, help="frames per episode at 16 fps (default 113)")
     g.add_argument("--seed", type=int, default=0, help="attempt k uses seed + k")
     g.add_argument("--shadows", action=argparse.BooleanOptionalAction, default=None,
                    help="key-light shadows (default: on except at tiny resolution)")
     g.add_argument("--max-attempts", type=int, default=None, help="per task (default 3N + 5)")
     a = ap.parse_args(argv)
+    try:
+        parse_resolution(a.resolution)
+    except ValueError as e:
+        ap.error(str(e))
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
         if t not in scenes.TASKS:

@@ -113,7 +113,7 @@ def build_dit(dit_dir: str | None, seed: int):
     if dit_dir is not None:
         return load_dit(dit_dir)
     z_dim = WanVAEConfig.tiny().z_dim
-    return init_dit(WanDiTConfig.tiny(control="add", in_channels=z_dim, out_channels=z_dim, control_channels=z_dim),
+    return init_dit(WanDiTConfig.tiny(control="add-plus", in_channels=z_dim, out_channels=z_dim, control_channels=z_dim),
                     seed)
 
 

@@ -37,7 +37,7 @@ class WorldModel:
 
     def __init__(self, dit: WanDiT, vae: WanVAE):
         if dit.cfg.control == "none":
-            raise ValueError("the world model needs a DiT with a control branch (cfg.control='add')")
+            raise ValueError("the world model needs a DiT with a control branch (cfg.control='add' or 'add-plus')")
         if dit.cfg.in_channels != vae.cfg.z_dim:
             raise ValueError(f"DiT takes {dit.cfg.in_channels}-channel latents, VAE makes {vae.cfg.z_dim}")
         self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg

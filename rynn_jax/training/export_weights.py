@@ -4,14 +4,16 @@
         --out weights/stage1 [--raw]
 
 Takes the newest readable step of the run, uses the EMA weights (unless `--raw` or the run kept
-none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch and its
-running statistics included) in the `rynn_jax.checkpoints` layout that `load_dit` and
-`ckpt.init_from` read.
+none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch included)
+in the `rynn_jax.checkpoints` layout that `load_dit` and `ckpt.init_from` read; an add-plus model's
+running statistics go beside the weights in `control_stats.json` (models/control.py), which
+`load_dit`, `ckpt.init_from` and distillation's teacher read back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,13 +23,15 @@ from flax import nnx
 
 from rynn_jax import checkpoints, errors, sharding
 from rynn_jax.atomic import atomic_dir
-from rynn_jax.models.control import ControlStats
+from rynn_jax.models import control
 from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim, preflight
 from rynn_jax.training import state as state_lib
 
 
-def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True) -> int:
-    """Writes `out_dir`; returns the exported step."""
+def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = True,
+                   dtype: str = "float32") -> int:
+    """Writes `out_dir` with the weights stored as `dtype` ("bfloat16" halves the files; loaders cast
+    back to the model's param_dtype); returns the exported step."""
     if not cfg.ckpt.dir:
         raise errors.UsageError("ckpt.dir: not set", fix="--set ckpt.dir=RUN/ckpt, the training run to export")
     preflight.check_checkpoint_dir(cfg.ckpt.dir, "ckpt.dir")
@@ -47,9 +51,14 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
     if cfg.lora.rank > 0:
         model = lora.merge_lora(model)
     pure = jax.tree.map(lambda x: np.asarray(x, np.float32),  # LoRA's frozen base may be bf16
-                        nnx.to_pure_dict(nnx.state(model, nnx.Any(nnx.Param, ControlStats))))
+                        nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    if dtype != "float32":
+        pure = jax.tree.map(lambda x: np.asarray(x, dtype), pure)
+    model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
     with atomic_dir(out_dir) as tmp:  # a cut export never looks like a finished one
-        checkpoints.save_params(tmp, pure, dataclasses.replace(cfg.model, param_dtype="float32"))
+        checkpoints.save_params(tmp, pure, model_cfg)
+        if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
     return int(state.step)
 
 
@@ -60,9 +69,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="the run's overrides, ckpt.dir at least (repeatable)")
     p.add_argument("--out", required=True, help="converted-weights directory to write")
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="storage dtype of the exported weights")
     a = p.parse_args(argv)
     cfg = config_lib.apply_overrides(config_lib.load_config(a.config), a.set)
-    step = export_weights(cfg, a.out, use_ema=not a.raw)
+    step = export_weights(cfg, a.out, use_ema=not a.raw, dtype=a.dtype)
     print(f"exported step {step} of {cfg.ckpt.dir} → {a.out}")
 
 

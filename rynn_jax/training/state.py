@@ -103,8 +103,10 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     """Overwrite the base-model parameters (in `params` and `frozen`) with converted weights at
     `path` (rynn_jax.checkpoints layout: a plain WanDiT), restored straight into their shardings.
     LoRA keeps base paths, so they match; adapters and a control branch the checkpoint lacks keep
-    their init. The EMA restarts from the loaded params."""
+    their init. The EMA restarts from the loaded params; an add-plus model's running statistics
+    come from its control_stats.json when it has one."""
     from rynn_jax import checkpoints  # orbax, only when used
+    from rynn_jax.models import control
     from rynn_jax.models.dit import abstract_dit
 
     ckpt_cfg = checkpoints.load_config(path, WanDiTConfig)
@@ -125,7 +127,8 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
 
     params, frozen = fill(state.params), fill(state.frozen)
     ema = jax.tree.map(jnp.copy, params) if len(state.ema) else state.ema
-    return dataclasses.replace(state, params=params, frozen=frozen, ema=ema)
+    return dataclasses.replace(state, params=params, frozen=frozen, ema=ema, stats=control.load_stats_into(
+        state.stats, path, ckpt_cfg))
 
 
 def _flat(tree: dict) -> dict[tuple, Any]:

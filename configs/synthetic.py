@@ -1,0 +1,41 @@
+"""Shared facts of the synthetic-world recipes (imported by configs/synthetic_*.py; not a recipe).
+
+The data split lives here and nowhere else: training episodes are attempts 0, 1, 2, ... of
+`python -m rynn_jax.sim.cli generate --seed TRAIN_SEED`, held-out episodes attempts of
+`--seed HELDOUT_SEED`; attempt k uses seed `--seed + k`, and TRAIN_SEED + (attempts ever made) stays
+far below HELDOUT_SEED, so no held-out seed is ever trained on.
+
+Resolution 128×224 (H×W): the aspect of the 480×832 model, the smallest size at which the robot
+fingers and the skeleton's finger bones are a few pixels wide, and with the autoencoder's 8× spatial
+stride a 16×28 latent = 8×14 tokens per latent frame at patch 2 (81 frames → 21 latent frames →
+2,352 tokens: a small DiT trains thousands of steps in minutes on one H200).
+"""
+
+from rynn_jax.models.dit import WanDiTConfig
+
+TRAIN_SEED = 0
+HELDOUT_SEED = 1_000_000
+TRAIN_PER_TASK = 400  # successful training episodes per task (4 tasks)
+HELDOUT_PER_TASK = 12  # successful held-out episodes per task (48 in all)
+HEIGHT, WIDTH = 128, 224
+CLIP_FRAMES = 81  # 21 latent frames; the paper's clip length
+CLIP_STRIDE = 32  # clip starts 0 and 32 of a 113-frame episode
+TEXT_DIM, TEXT_LEN = 64, 4  # hashed per-task prompt embeddings (python -m rynn_jax.text)
+
+# Where the recipe puts things, relative to the working directory (recipes/synthetic.sh).
+DATA_TRAIN = "data/synthetic/train"
+DATA_HELDOUT = "data/synthetic/heldout"
+TEXT_EMBEDDINGS = "data/synthetic/text_embeddings"
+LATENTS = "data/synthetic/latents/robot-*.array_record"
+AUTOENCODER = "weights/synthetic/autoencoder"
+RUNS = "runs/synthetic"
+
+
+def teacher_model(**overrides) -> WanDiTConfig:
+    """The synthetic teacher: the 5B's architecture (control branch included) at 256 wide, 8 deep.
+    8.0M parameters (16.0 MB in bf16), so the teacher, its student and the autoencoder fit the
+    repository's 40 MB together."""
+    base = dict(dim=256, num_layers=8, num_heads=4, ffn_dim=768, freq_dim=128,
+                in_channels=16, out_channels=16, control_channels=16, text_dim=TEXT_DIM, text_len=TEXT_LEN,
+                control="add-plus", dtype="bfloat16", param_dtype="float32")
+    return WanDiTConfig(**{**base, **overrides})

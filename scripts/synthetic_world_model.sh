@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The synthetic-world world model, end to end: data → autoencoder → pre-encoded latents → teacher →
+# exported bf16 weights. Every stage is one of the project's own commands; re-running a stage resumes
+# it (episodes, shards and checkpoints are written atomically). Paths and sizes: configs/synthetic.py.
+#
+#   scripts/synthetic_world_model.sh all                 # every stage, in order
+#   scripts/synthetic_world_model.sh data heldout text   # some stages
+#
+# Knobs (environment): WORKERS (sim processes, default nproc), N_TRAIN / N_HELDOUT (episodes per task,
+# default from configs/synthetic.py), PREENCODE_WORKERS (processes sharing the accelerator, default 4),
+# AE_STEPS / TEACHER_STEPS (override total_steps), TEACHER_SECONDS (stop the teacher after this many
+# seconds with SIGINT: it saves and exits), CONFIG_SUFFIX ("_tiny" for the CPU smoke run, e.g.
+# configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length).
+# WORKDIR: where data/, weights/ and runs/ go (default: the repository).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "${WORKDIR:-$REPO}"
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+const() { $PY -c "from configs import synthetic as s; print(s.$1)"; }
+
+RES=${RES:-$(const HEIGHT)x$(const WIDTH)}
+H=${RES%x*}; W=${RES#*x}
+WORKERS=${WORKERS:-$(nproc)}
+N_TRAIN=${N_TRAIN:-$(const TRAIN_PER_TASK)}
+N_HELDOUT=${N_HELDOUT:-$(const HELDOUT_PER_TASK)}
+TRAIN_DIR=$(const DATA_TRAIN); HELDOUT_DIR=$(const DATA_HELDOUT); TEXT_DIR=$(const TEXT_EMBEDDINGS)
+LATENT_DIR=$(dirname "$(const LATENTS)"); AE_DIR=$(const AUTOENCODER); SUFFIX=${CONFIG_SUFFIX:-}
+FRAMES_ARG=${FRAMES:+--frames $FRAMES}
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+stage_data() {      # training episodes, in rounds so that a run cut short is balanced across tasks
+  for n in 25 50 100 200 400 800; do
+    [ "$n" -gt "$N_TRAIN" ] && n=$N_TRAIN
+    log "data: $n per task"
+    $PY -m rynn_jax.sim.cli generate --task all --n "$n" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
+        --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true   # short tasks: logged in summary.json
+    [ "$n" -ge "$N_TRAIN" ] && break
+  done
+}
+
+stage_heldout() {
+  log "held-out: $N_HELDOUT per task"
+  $PY -m rynn_jax.sim.cli generate --task all --n "$N_HELDOUT" --seed "$(const HELDOUT_SEED)" \
+      --out "$HELDOUT_DIR" --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true
+}
+
+stage_text() {      # one hashed context per task description (configs/synthetic.py: TEXT_DIM, TEXT_LEN)
+  $PY -m rynn_jax.text --episodes "$TRAIN_DIR" --out "$TEXT_DIR" --dim "$(const TEXT_DIM)" --len "$(const TEXT_LEN)"
+  $PY -m rynn_jax.text --episodes "$HELDOUT_DIR" --out "$TEXT_DIR" --dim "$(const TEXT_DIM)" --len "$(const TEXT_LEN)"
+}
+
+stage_autoencoder() {
+  log "autoencoder"
+  $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae${SUFFIX}.py" ${AE_STEPS:+--set total_steps=$AE_STEPS}
+}
+
+stage_preencode() { # PREENCODE_WORKERS processes share the accelerator (each takes a slice of its memory)
+  local n=${PREENCODE_WORKERS:-4} pids=()
+  log "preencode: $n workers"
+  for ((i = 0; i < n; i++)); do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN{print 0.8/$n}") \
+    $PY -m rynn_jax.data.preencode --source robot --root "$TRAIN_DIR" --out "$LATENT_DIR" --vae "$AE_DIR" \
+        --text-embeddings "$TEXT_DIR" --text-dim "$(const TEXT_DIM)" --text-len "$(const TEXT_LEN)" \
+        --frames "${CLIP_FRAMES:-$(const CLIP_FRAMES)}" --stride "${CLIP_STRIDE:-$(const CLIP_STRIDE)}" \
+        --height "$H" --width "$W" --records-per-shard 64 --worker "$i" --num-workers "$n" > /dev/null &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+}
+
+stage_teacher() {
+  log "teacher"
+  local cmd=($PY "$REPO/train.py" --config "$REPO/configs/synthetic_teacher${SUFFIX}.py" ${TEACHER_STEPS:+--set total_steps=$TEACHER_STEPS})
+  if [ -n "${TEACHER_SECONDS:-}" ]; then
+    timeout --signal=INT --kill-after=120 "$TEACHER_SECONDS" "${cmd[@]}" || [ $? -eq 124 ]
+  else
+    "${cmd[@]}"
+  fi
+}
+
+stage_export() {    # EMA weights, bf16, where the loaders and the demo look for them
+  log "export"
+  $PY -m rynn_jax.training.export_weights --config "$REPO/configs/synthetic_teacher${SUFFIX}.py" \
+      --out "$(dirname "$AE_DIR")/teacher" --dtype bfloat16
+}
+
+stages=("$@")
+[ "${stages[*]:-}" = all ] || [ ${#stages[@]} -eq 0 ] && stages=(data heldout text autoencoder preencode teacher export)
+for s in "${stages[@]}"; do "stage_$s"; done
+log "done: ${stages[*]}"
