@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_resolution(a.resolution)
     except ValueError as e:
-        ap.error(str(e))
+        raise errors.UsageError(f"--resolution {a.resolution}: {e}") from None
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
         if t not in scenes.TASKS:
