@@ -20,11 +20,14 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
+from rynn_jax.errors import InputError
+
 Array = np.ndarray
 
 
-class ConversionError(ValueError):
-    """A checkpoint does not fit the model: missing, unexpected or mis-shaped tensors."""
+class ConversionError(InputError):
+    """A checkpoint does not fit the model: missing, unexpected or mis-shaped tensors (a user's
+    input error: the CLI prints it as one line; a ValueError for library callers)."""
 
 
 def _identity(x: Array) -> Array:
@@ -243,28 +246,38 @@ def torch_conv2d(w_oihw: Array) -> Array:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
+    from rynn_jax import checkpoints, errors
+    from rynn_jax.atomic import atomic_dir
 
-    from rynn_jax import checkpoints
-
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m rynn_jax.convert",
         description="Convert an official Wan2.2 checkpoint (original or diffusers layout) into a "
-        "rynn-jax model directory (orbax params + config.json).")
-    parser.add_argument("model", choices=["dit", "vae"])
+        "rynn-jax model directory (orbax params + config.json).",
+        epilog="examples:\n"
+        "  python -m rynn_jax.convert dit /ckpt/Wan2.2-TI2V-5B-Diffusers weights/dit --dtype bfloat16\n"
+        "  python -m rynn_jax.convert vae /ckpt/Wan2.2-TI2V-5B/Wan2.2_VAE.pth weights/vae")
+    parser.add_argument("model", choices=["dit", "vae"], help="which network")
     parser.add_argument("src", help="safetensors file, *.index.json, directory, or diffusers pipeline dir "
                         "(also Wan2.2_VAE.pth for the VAE)")
-    parser.add_argument("out", help="output directory")
+    parser.add_argument("out", help="output directory (written whole or not at all)")
     parser.add_argument("--config", default=None,
                         help="architecture preset: DiT 'ti2v_5b' (default) or 'tiny'; VAE 'wan22' or 'tiny'")
-    parser.add_argument("--dtype", default=None, help="cast parameters, e.g. bfloat16 (default: keep fp32)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="cast parameters (default: keep fp32)")
     parser.add_argument("--control", default="none", choices=["none", "add", "add-plus", "concat"],
                         help="DiT: the checkpoint's control branch (RynnWorld-Teleop releases: add or add-plus)")
     parser.add_argument("--control-stats", default=None, metavar="JSON",
                         help="DiT, add-plus: the control statistics record to keep beside the weights")
     args = parser.parse_args(argv)
     if args.model != "dit" and (args.control != "none" or args.control_stats):
-        parser.error("--control / --control-stats apply to the DiT only")
+        raise errors.UsageError("--control / --control-stats: apply to the DiT only")
+    presets = ("ti2v_5b", "tiny") if args.model == "dit" else ("wan22", "tiny")
+    if args.config is not None and args.config not in presets:
+        raise errors.UsageError(f"--config {args.config}: not a {args.model} preset", fix=f"choose from {', '.join(presets)}")
+    errors.existing(args.src, "src")
+    if args.control_stats:
+        errors.existing(args.control_stats, "--control-stats", kind="file")
+    errors.writable_dir(args.out, "out")
 
     stats = None
     if args.model == "dit":
@@ -272,28 +285,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         from rynn_jax.models.dit import WanDiTConfig
         from rynn_jax.models.dit_weights import load_dit_checkpoint
 
-        presets = {"ti2v_5b": WanDiTConfig.ti2v_5b, "tiny": WanDiTConfig.tiny}
-        cfg = presets[args.config or "ti2v_5b"](control=args.control)
+        cfg = getattr(WanDiTConfig, args.config or "ti2v_5b")(control=args.control)
         cfg = dataclasses.replace(cfg, param_dtype=args.dtype) if args.dtype else cfg
         if args.control_stats:  # read (and checked) before anything is written
             try:
                 stats = control.read_stats(args.control_stats, cfg)
             except ValueError as e:
-                parser.error(f"--control-stats: {e}")
+                raise errors.UsageError(f"--control-stats {args.control_stats}: {e}") from None
         params = load_dit_checkpoint(args.src, cfg, args.dtype)
     else:
         from rynn_jax.models.vae import WanVAEConfig
         from rynn_jax.models.vae_weights import load_vae_checkpoint
 
-        presets = {"wan22": WanVAEConfig.wan22, "tiny": WanVAEConfig.tiny}
-        cfg = presets[args.config or "wan22"]()
+        cfg = getattr(WanVAEConfig, args.config or "wan22")()
         params = load_vae_checkpoint(args.src, cfg, args.dtype)
     n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
-    checkpoints.save_params(args.out, params, cfg)
-    if stats is not None:
-        control.write_stats(os.path.join(args.out, control.STATS_FILE), stats, cfg)
+    with atomic_dir(args.out) as tmp:  # a cut conversion never looks like a finished one
+        checkpoints.save_params(tmp, params, cfg)
+        if stats is not None:
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), stats, cfg)
     print(f"wrote {args.model} ({n:,} parameters) to {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from rynn_jax import errors
+
+    sys.exit(errors.run(main))

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from rynn_jax.errors import UsageError
 from rynn_jax.kinematics import streams
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.vae import WanVAEConfig, init_vae
@@ -155,7 +156,6 @@ def test_demo_sim_world_end_to_end(tmp_path, capsys):
         demo.run_sim(tmp_path / "bad", height=48, width=64)
 
 
-def test_demo_rejects_a_malformed_resolution(capsys):
-    with pytest.raises(SystemExit):
+def test_demo_rejects_a_malformed_resolution():
+    with pytest.raises(UsageError, match="expected HxW such as 96x160, got '32by64'"):
         demo.main(["--world", "sim", "--resolution", "32by64"])
-    assert "expected HxW such as 96x160, got '32by64'" in capsys.readouterr().err
