@@ -169,6 +169,52 @@ def test_step_schedule():
     assert sigmas[-1] == 0.0 and np.all(np.diff(sigmas) < 0)
 
 
+def test_training_rollout_and_served_steps_give_the_same_frames(model):
+    """The student is trained through `distill.rollout` and served through `streaming`'s steps; both
+    run `diffusion.x0_euler`. For the same key (block i gets fold_in(key, i), as a session's blocks
+    do) they give the same frames: the served latent step (unrolled layers, working cache) and the
+    merged clean pass StreamingSession serves with, over three blocks of a chunk. Another key gives
+    other frames, so the match is not that of a noise-free sampler."""
+    from rynn_jax.distill import rollout as rollout_lib
+    from rynn_jax.distill.config import DMDConfig
+    from rynn_jax.models.dit import unrolled
+
+    fpb, blocks, b = 2, 3, 2
+    ccfg, scfg = causal.CausalConfig(frames_per_block=fpb, window_frames=5), streaming.StepConfig(num_steps=3)
+    rng = np.random.default_rng(13)
+    ref, ctx = _start_inputs(rng, b)
+    control = _latents(rng, b, fpb * blocks)
+    graphdef, params, stats = nnx.split(model, nnx.Param, ...)
+    trained = jax.jit(lambda key: rollout_lib.rollout(
+        graphdef, params, stats, ref, ctx, control, key, num_frames=fpb * blocks, ccfg=ccfg, scfg=scfg,
+        dcfg=DMDConfig(last_step_only=True), grad=False))
+    key = jax.random.key(3)
+    want = trained(key)
+    assert rel_err(trained(jax.random.key(4)), want) > 1e-2
+    np.testing.assert_array_equal(want[:, 0], ref[:, 0])  # the chunk's frame 0 is the reference
+    blk = lambda i: control[:, i * fpb:(i + 1) * fpb]  # noqa: E731
+
+    student = streaming.CausalStudent(model, ccfg, scfg)
+    state = student.start(ref, ctx)
+    served = []
+    for i in range(blocks):
+        x, state = student.step(state, blk(i), jax.random.fold_in(key, i))
+        served.append(x)
+    assert rel_err(jnp.concatenate(served, 1), want) < 1e-5
+
+    g, p = nnx.split(unrolled(model))
+    merged = dataclasses.replace(scfg, merge_clean_pass=True)
+    first, after = (jax.jit(streaming.make_deferred_step(g, ccfg, merged, after_clean=a)) for a in (False, True))
+    state = jax.jit(streaming.make_start(g, ccfg))(p, ref, ctx)
+    none = jnp.zeros((), jnp.float32)
+    x, state = first(p, state, blk(0), jax.random.fold_in(key, 0), none, none)
+    served = [x]
+    for i in range(1, blocks):
+        x, state = after(p, state, blk(i), jax.random.fold_in(key, i), served[-1], blk(i - 1))
+        served.append(x)
+    assert rel_err(jnp.concatenate(served, 1), want) < 1e-5
+
+
 def _start_inputs(rng, b=2):
     ref = _latents(rng, b, 1)
     ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
