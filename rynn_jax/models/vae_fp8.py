@@ -37,6 +37,7 @@ from tqdm import tqdm
 from rynn_jax.models import conv_kernel as ck
 from rynn_jax.models import fp8 as fp8_lib
 from rynn_jax.models import vae as V
+from rynn_jax.weights import flatten_params, unflatten_params
 
 SCALES_FORMAT = "rynn_jax.vae_fp8_scales/1"  # safetensors metadata "format" of a VAE scales file
 
@@ -55,7 +56,6 @@ def decode_clip(model: V.WanVAE, latents: jax.Array) -> jax.Array:
 def _scale_paths(cfg: V.WanVAEConfig) -> dict[str, tuple]:
     """Dotted name → path of every input scale a static-scale VAE of this config has: one per conv
     the FP8 kernel takes (vae._fp8_state decides)."""
-    from rynn_jax.convert import flatten_params
 
     static = dataclasses.replace(cfg, conv_impl="kernel_fp8", conv_fp8_scales="static")
     paths = flatten_params(nnx.to_pure_dict(nnx.state(V.abstract_vae(static))), str_keys=False)
@@ -122,7 +122,6 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
     "kernel_fp8" (serving, Hopper GPUs) or "emulate_fp8" (the same numerics by XLA, any backend).
     Every kernel conv needs its scale, (1,), finite and > 0; anything else is an error naming the
     entry."""
-    from rynn_jax.convert import flatten_params, unflatten_params
 
     if conv_impl not in V.FP8_CONV_IMPLS:
         raise ValueError(f"with_static_scales: conv_impl must be one of {V.FP8_CONV_IMPLS}, got {conv_impl!r}")
