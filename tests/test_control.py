@@ -124,7 +124,6 @@ def test_bad_control_inputs():
 
 def test_released_control_weights_load(monkeypatch):
     cfg = dataclasses.replace(BASE, control="add")
-    model = init_dit(cfg, seed=1)
     from tests.test_convert import _tiny_diffusers_state_dict
 
     sd, _ = _tiny_diffusers_state_dict(BASE, seed=1)
@@ -143,7 +142,6 @@ def test_released_control_weights_load(monkeypatch):
     del sd["control_running_std"]
     with pytest.raises(Exception, match="control_running_std"):
         dit_params_from_state_dict(sd, cfg)
-    assert model is not None
 
 
 def test_additive_control_needs_matching_channels():
