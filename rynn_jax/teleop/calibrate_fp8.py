@@ -206,7 +206,7 @@ def main_vae(argv: list[str] | None = None) -> dict:
         return np.asarray(jax.jit(functools.partial(vae_lib.decode, graphdef))(params, z), np.float64)
 
     z = jnp.asarray(batches[0])
-    served = vae_fp8.with_static_scales(vae, scales, conv_impl=vae_fp8.serving_conv_impl())
+    served = vae_fp8.with_static_scales(vae, scales, conv_impl=vae_fp8.fp8_conv_impl())
     ref, got = decoded(vae), decoded(served)
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
