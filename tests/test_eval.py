@@ -240,7 +240,7 @@ def _run(argv):
     return eval_cli.main(argv)
 
 
-def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path):
+def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fast_compile):
     out = tmp_path / "teacher"
     args = ["--model", "teacher", "--episodes", str(sim_root), "--out", str(out), "--frames", str(T), "--steps", "1",
             "--swap", "--seed", "3"]
@@ -279,7 +279,7 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path):
         assert rec["variants"]["model"]["video"][m] == pytest.approx(np.asarray(fn(pred, tr.frames))[1:].mean(), abs=1e-5)
 
 
-def test_eval_student_streams_through_the_session(sim_root, tmp_path):
+def test_eval_student_streams_through_the_session(sim_root, tmp_path, fast_compile):
     s = _run(["--model", "student", "--episodes", str(sim_root), "--out", str(tmp_path / "student"), "--frames", str(T),
               "--max-episodes", "1", "--no-fvd"])
     assert s["episodes"] == 1 and s["variants"]["model"]["psnr"]["n"] == 1

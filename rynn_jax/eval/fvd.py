@@ -62,8 +62,9 @@ def _preprocess(video_bthwc_uint8: jax.Array) -> jax.Array:
     return x / 127.5 - 1.0
 
 
-def i3d_features(videos_bthwc: np.ndarray) -> np.ndarray:
-    """I3D logit features (B, 400) float64 of a batch of 8-bit videos (B, T, H, W, 3)."""
+def i3d_features(videos_bthwc: np.ndarray, batch: int | None = None) -> np.ndarray:
+    """I3D logit features (B, 400) float64 of a batch of 8-bit videos (B, T, H, W, 3); `batch`:
+    that many clips per device call (the last call padded, so one program serves all), else all."""
     v = np.asarray(videos_bthwc)
     if v.ndim != 5:
         raise ValueError(f"I3D features: expected videos (B, T, H, W, 3), got shape {v.shape}")
@@ -72,7 +73,14 @@ def i3d_features(videos_bthwc: np.ndarray) -> np.ndarray:
     if v.shape[1] < MIN_FRAMES:
         raise ValueError(f"I3D features: clips need at least {MIN_FRAMES} frames, got {v.shape[1]}")
     features, variables = load_i3d()
-    return np.asarray(features(variables, _preprocess(v)), np.float64)
+    batch = batch or len(v)
+    out = []
+    for i in range(0, len(v), batch):
+        chunk = v[i:i + batch]
+        if len(chunk) < batch:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk), 0)])
+        out.append(np.asarray(features(variables, _preprocess(chunk)), np.float64)[:len(v[i:i + batch])])
+    return np.concatenate(out)
 
 
 def gaussian(features_nd: np.ndarray, name: str = "features") -> tuple[np.ndarray, np.ndarray]:
