@@ -11,9 +11,9 @@ Re-running the same command resumes (finished episodes are kept); the report is 
 from __future__ import annotations
 
 import argparse
-import json
 
 from rynn_jax import compile_cache
+from rynn_jax.eval.report import summary_lines
 from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
 from rynn_jax.teleop.demo import height_width
 
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         p.error(str(e))
     summary = evaluate(cfg)
-    print(json.dumps({k: summary[k] for k in ("episodes", "variants", "fvd")}, indent=1))
-    print(f"report: {a.out}/report.md")
+    print("\n".join(summary_lines(summary)))
+    print(f"{summary['episodes']} episodes; all numbers in {a.out}/metrics.json, report: {a.out}/report.md")
     return summary
 
 

@@ -143,7 +143,7 @@ def plot(out: Path, records: list[dict]) -> None:
     shown = records[:GRID_EPISODES]
     strips = [read_png(out / "strips" / f"{file_stem(r['episode'])}.png") for r in shown]
     aspect = max(s.shape[0] / s.shape[1] for s in strips)
-    fig, axes = plt.subplots(len(shown), 1, figsize=(8, len(shown) * (6.6 * aspect + 0.4)), dpi=80, squeeze=False)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(8, len(shown) * (6.6 * aspect + 0.4)), dpi=72, squeeze=False)
     rows = ["skeleton", "generated"] + (["swapped control"] if "model_swapped" in variants else []) + ["truth"]
     for ax, r, img in zip(axes[:, 0], shown, strips):
         ax.imshow(img)
@@ -189,10 +189,24 @@ def markdown(s: dict) -> str:
              + (f"; {cfg['steps']} sampler steps" if cfg["model"] == "teacher" else "") + ".",
              "Video scores average frames 1..N−1 (frame 0 is the given reference); the table shows the mean "
              "(± std) over episodes. Definitions: `rynn_jax/eval/metrics.py`.", ""]
+    lines += summary_lines(s)
+    lines += ["", "## Per-frame PSNR", "", "![per-frame PSNR](psnr_over_time.png)", "",
+              "## Distributions over episodes", "", "![histograms](histograms.png)", "",
+              "## Frame strips", "",
+              "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
+                                                       else "") + " | ground truth; frames evenly spaced.", "",
+              "![frame strips](grid.png)", "",
+              "Per-episode scores: [episodes.csv](episodes.csv) (also `episodes.parquet`); "
+              "all numbers: [metrics.json](metrics.json); each episode's strip: `strips/`.", ""]
+    return "\n".join(lines)
+
+
+def summary_lines(s: dict) -> list[str]:
+    """The results table (markdown) and the findings under it: what `eval.py` prints."""
     shown = [m for m in ("psnr", "ssim", "lpips", "robot_psnr", "depth_absrel", "depth_delta1", "flow_epe")
              if any(m in v for v in s["variants"].values())]
     head = ["variant"] + [m + (" ↑" if METRICS[m][0] else " ↓") for m in shown] + ["FVD ↓"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fv = s["fvd"]["per_variant"]
     for v, stats in s["variants"].items():
         digits = lambda m: 2 if METRICS[m][1] else 3  # noqa: E731
@@ -208,18 +222,12 @@ def markdown(s: dict) -> str:
                      f"{_fmt(d['psnr'])} dB, robot-region PSNR by {_fmt(d['robot_psnr'])} dB. A model that follows "
                      "its control drops clearly; one that ignores it does not.")
     f = s["fvd"]
+    if f["videos"] < 2:
+        return lines + ["", "FVD: not computed (--no-fvd, clips under 9 frames, or fewer than 2 videos)."]
     lines += ["", f"FVD (I3D Kinetics-400 logits, 224×224, whole clips): {f['videos']} videos per set"
               + (f"; truth vs truth (two halves of {2 * (f['videos'] // 2)}): {_fmt(f.get('truth_half_vs_half'), 1)}"
                  if "truth_half_vs_half" in f else "") + "."]
     if not f["meaningful"]:
         lines.append(f"**FVD is not meaningful here**: {f['videos']} < {f['min_videos_meaningful']} videos; "
                      "it is dominated by sample-size bias and comparable only with FVDs of the same N.")
-    lines += ["", "## Per-frame PSNR", "", "![per-frame PSNR](psnr_over_time.png)", "",
-              "## Distributions over episodes", "", "![histograms](histograms.png)", "",
-              "## Frame strips", "",
-              "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
-                                                       else "") + " | ground truth; frames evenly spaced.", "",
-              "![frame strips](grid.png)", "",
-              "Per-episode scores: [episodes.csv](episodes.csv) (also `episodes.parquet`); "
-              "all numbers: [metrics.json](metrics.json); each episode's strip: `strips/`.", ""]
-    return "\n".join(lines)
+    return lines
