@@ -268,6 +268,13 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
     assert again["variants"] == s["variants"]
     with pytest.raises(ValueError, match="seed differ"):  # another evaluation into the same --out is refused
         _run(args[:-1] + ["4"])
+    # deterministic given the seed: a fresh run of one episode, without the swap, makes the same video
+    fresh = tmp_path / "fresh"
+    _run(["--model", "teacher", "--episodes", str(sim_root), "--out", str(fresh), "--frames", str(T), "--steps", "1",
+          "--seed", "3", "--max-episodes", "1", "--no-fvd"])
+    stem = f"{names[0]}.json".replace("/", "__")
+    again_rec = json.loads((fresh / "episodes" / stem).read_text())
+    assert again_rec["variants"]["model"]["per_frame"] == rec["variants"]["model"]["per_frame"]
 
     # the teacher's saved videos, scored as a directory of generated episodes: the decoded video's metrics
     gen = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
@@ -297,3 +304,28 @@ def test_eval_cli_errors(sim_root, tmp_path):
     with pytest.raises(FileNotFoundError, match="2 of 2 episodes have no"):
         _run(["--model", "generated", "--generated", str(tmp_path), "--episodes", str(sim_root),
               "--out", str(tmp_path / "o2")])
+
+
+def test_swap_check_detects_a_model_that_follows_its_control(sim_root, tmp_path, monkeypatch):
+    """A stand-in model that draws exactly the episode its control belongs to: perfect with its own
+    skeleton, wrong with the swapped one; the swap gap must show it, and the skeleton reaching the
+    model must be the partner's."""
+    from rynn_jax.eval import run
+
+    names = episodes.list_episodes(sim_root)
+    truths = {n: episodes.load_truth(sim_root, n, T, H, W) for n in names}
+    seen = []
+
+    def fake_runner(cfg):
+        def generate(name, reference, skeleton, prompt):
+            owner = next(n for n, tr in truths.items() if np.array_equal(tr.skeleton[:T], skeleton))
+            seen.append((name, owner))
+            return truths[owner].frames[:T]
+        return generate
+
+    monkeypatch.setattr(run, "_runner", fake_runner)
+    s = _run(["--model", "teacher", "--episodes", str(sim_root), "--out", str(tmp_path / "o"), "--frames", str(T),
+              "--swap", "--no-fvd"])
+    assert seen == [(names[0], names[0]), (names[0], names[1]), (names[1], names[1]), (names[1], names[0])]
+    assert s["variants"]["model"]["psnr"]["mean"] == metrics.PSNR_CAP_DB
+    assert s["swap_drop_db"]["psnr"] > 50 and s["swap_drop_db"]["robot_psnr"] > 50

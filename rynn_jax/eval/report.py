@@ -144,7 +144,7 @@ def plot(out: Path, records: list[dict]) -> None:
     strips = [read_png(out / "strips" / f"{file_stem(r['episode'])}.png") for r in shown]
     aspect = max(s.shape[0] / s.shape[1] for s in strips)
     fig, axes = plt.subplots(len(shown), 1, figsize=(8, len(shown) * (6.6 * aspect + 0.4)), dpi=72, squeeze=False)
-    rows = ["skeleton", "generated"] + (["swapped control"] if "model_swapped" in variants else []) + ["truth"]
+    rows = ["skeleton", "generated"] + (["swapped"] if "model_swapped" in variants else []) + ["truth"]
     for ax, r, img in zip(axes[:, 0], shown, strips):
         ax.imshow(img)
         h = img.shape[0] / len(rows)
