@@ -10,16 +10,16 @@ Re-running the same command resumes (finished episodes are kept); the report is 
 
 from __future__ import annotations
 
-import argparse
+import sys
 
-from rynn_jax import compile_cache
+from rynn_jax import compile_cache, errors
 from rynn_jax.eval.report import summary_lines
 from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
 from rynn_jax.teleop.demo import height_width
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = errors.ArgumentParser(prog="python eval.py", description=__doc__)
     p.add_argument("--model", required=True, choices=MODELS,
                    help="teacher (bidirectional sampler), student (causal StreamingSession), or generated "
                         "(score the videos under --generated)")
@@ -42,15 +42,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--text-embeddings", default=None, metavar="DIR", help="DIR/<sha256(task description)>.safetensors")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     a = p.parse_args(argv)
-    if a.compile_cache:
-        compile_cache.enable(a.compile_cache)
     try:
         cfg = EvalConfig(model=a.model, episodes=a.episodes, out=a.out, generated=a.generated, dit=a.dit, vae=a.vae,
                          frames=a.frames, resolution=a.resolution, steps=a.steps, max_episodes=a.max_episodes,
                          seed=a.seed, swap=a.swap, shift_frames=a.shift_frames, fvd=not a.no_fvd, text=a.text,
                          text_embeddings=a.text_embeddings)
     except ValueError as e:
-        p.error(str(e))
+        raise errors.UsageError(str(e)) from None
+    # Every input and the output directory checked before a model is built or compiled.
+    errors.existing(a.episodes, "--episodes", kind="directory")
+    for flag, path, kind in (("--generated", a.generated, "directory"), ("--dit", a.dit, "file or directory"),
+                             ("--vae", a.vae, "file or directory"), ("--text", a.text, "file"),
+                             ("--text-embeddings", a.text_embeddings, "directory")):
+        if path is not None:
+            errors.existing(path, flag, kind=kind)
+    errors.writable_dir(a.out, "--out")
+    if a.compile_cache:
+        compile_cache.enable(a.compile_cache)
     summary = evaluate(cfg)
     print("\n".join(summary_lines(summary)))
     print(f"{summary['episodes']} episodes; all numbers in {a.out}/metrics.json, report: {a.out}/report.md")
@@ -58,4 +66,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

@@ -15,6 +15,7 @@ import types
 import numpy as np
 import pytest
 
+from rynn_jax import errors
 from rynn_jax.eval import baselines, episodes, fvd, metrics
 from rynn_jax.eval import lpips as lpips_lib
 
@@ -297,8 +298,12 @@ def test_eval_student_streams_through_the_session(sim_root, tmp_path, fast_compi
 
 
 def test_eval_cli_errors(sim_root, tmp_path):
-    with pytest.raises(SystemExit):  # argparse: --generated without --model generated
+    with pytest.raises(errors.UsageError, match="--generated DIR is needed with --model generated"):
         _run(["--model", "teacher", "--generated", str(tmp_path), "--episodes", str(sim_root), "--out", str(tmp_path)])
+    with pytest.raises(errors.MissingFileError, match="--dit .*: no such"):
+        _run(["--model", "teacher", "--dit", str(tmp_path / "none"), "--episodes", str(sim_root),
+              "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()  # nothing written before the checks
     with pytest.raises(FileNotFoundError, match="no episodes"):
         _run(["--model", "teacher", "--episodes", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(FileNotFoundError, match="2 of 2 episodes have no"):
