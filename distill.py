@@ -4,6 +4,9 @@
     python distill.py --config configs/distill_tiny.py --set phase=dmd --set student_from=/tmp/a/ckpt
     python distill.py --config configs/distill_5b.py --set phase=dmd --set student_from=runs/distill_a/ckpt
 
+Without ckpt.dir and log.dir a run writes to runs/<recipe>-<time>/. Ctrl-C (or SIGTERM) finishes
+the current step, saves it and exits 0 ("saved step N"), printing how to resume.
+
 Phase A (warmup): causal flow matching with block-wise teacher forcing. Phase B (dmd): the student
 rolls out block by block through its KV cache and is trained with DMD against the frozen teacher
 (real score) and a critic (fake score) trained by flow matching on its samples. Read top to
@@ -13,33 +16,36 @@ rynn_jax/distill (config, warmup, rollout, dmd, state, step, evaluate) and rynn_
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
 from rynn_jax import data as data_lib
-from rynn_jax import sharding
+from rynn_jax import errors, sharding
 from rynn_jax.distill import config as config_lib
 from rynn_jax.distill import evaluate
 from rynn_jax.distill import state as state_lib
 from rynn_jax.distill import step as step_lib
 from rynn_jax.distill.state import DistillState
-from rynn_jax.training import checkpointing
+from rynn_jax.training import checkpointing, preflight
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import loop as loop_lib
+from rynn_jax.training import metrics as metrics_lib
 from rynn_jax.training import samples as samples_lib
-from rynn_jax.training.config import TrainConfig, apply_overrides, to_dict
+from rynn_jax.training.config import TrainConfig, apply_overrides, to_dict, with_run_dir
 
 Hook = Callable[[int, DistillState], None]  # called every log.sample_every steps
 
 
 def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[dict[str, float]]:
     """Runs (or resumes) `cfg`; returns the metrics of the steps this call ran."""
+    preflight.check(cfg)  # teacher/student weights, files, output dirs: before anything is built
+
     # ----------------------------------------------------------------------------------------------
     # Mesh: teacher, student and critic all live on it, sharded by the same rules table
     # ----------------------------------------------------------------------------------------------
@@ -74,7 +80,7 @@ def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[d
         restored = ckpt.restore_latest(checkpointing.abstract_with_shardings(abstract, shardings[1]), data_iter)
     if restored is not None:
         state = restored
-        logging.info("resumed at step %d", int(state.step))
+        logging.info("resumed from step %d", int(state.step))
     elif cfg.phase == "dmd" and cfg.student_from:
         state = state_lib.load_student(cfg, state, tx_s, tx_c, mesh)
 
@@ -99,21 +105,20 @@ def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[d
 
     def on_metrics(step: int, m: dict[str, float]) -> None:
         records.append({"step": step, **m})
+        if "sample_distance" in m:
+            loop.writer.scalars(step, {"eval/sample_distance": m["sample_distance"]})
         if step % cfg.log.every == 0:
-            loop.writer.scalars(step, {f"distill/{k}": v for k, v in m.items()})
+            loop.writer.scalars(step, {f"distill/{k}": v for k, v in m.items() if k != "sample_distance"})
 
     loop = loop_lib.Loop(start=int(state.step), total_steps=cfg.total_steps, log=cfg.log, ckpt_cfg=cfg.ckpt,
                          ckpt=ckpt, data_iter=data_iter, on_metrics=on_metrics, hooks=hooks,
-                         debug_kill_at_step=cfg.debug_kill_at_step)
+                         debug_kill_at_step=cfg.debug_kill_at_step, debug_kill_signal=cfg.debug_kill_signal)
     for s in loop.steps():
         batch = to_device(next(data_iter))
         state, m = update(s, state, teacher, batch)
-        loop.dispatched(s, m)
         if eval_fn is not None and (s % cfg.eval_every == 0 or s == cfg.total_steps):
-            loop.flush()
-            records[-1]["sample_distance"] = float(eval_fn(state))
-            loop.writer.step(s, {"sample_distance": records[-1]["sample_distance"]})
-            loop.writer.scalars(s, {"eval/sample_distance": records[-1]["sample_distance"]})
+            m = {**m, "sample_distance": eval_fn(state)}  # logged on the step's own metrics line
+        loop.dispatched(s, m)
         loop.end_step(s, state)
     loop.close()
     return records
@@ -136,16 +141,17 @@ def _make_eval(cfg: config_lib.DistillConfig, graphdef, teacher, state: DistillS
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = errors.ArgumentParser(prog="python distill.py", description=__doc__)
     parser.add_argument("--config", required=True, help="recipe file under configs/")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set phase=dmd (repeatable)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    cfg = apply_overrides(config_lib.load_config(args.config), args.set)
+    metrics_lib.setup_logging()
+    cfg = with_run_dir(apply_overrides(config_lib.load_config(args.config), args.set), args.config)
+    logging.info("run: checkpoints in %s, metrics in %s", cfg.ckpt.dir or "(none)", cfg.log.dir or "(none)")
     logging.info("config: %s", json.dumps(to_dict(cfg)))
     return distill(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

@@ -43,4 +43,8 @@ else
 fi
 
 "${PYTHON:-python3}" -m pip install -q -r "$requirements"
+if [ "$requirements" = requirements-test.txt ]; then
+  # The PyTorch LPIPS reference, without torchvision (requirements-test.txt says why).
+  "${PYTHON:-python3}" -m pip install -q --no-deps lpips==0.1.4
+fi
 echo "setup.sh: done (${requirements})"

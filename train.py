@@ -1,8 +1,11 @@
 """Train RynnWorld-Teleop (Wan2.2-TI2V-5B + action control) with flow matching.
 
-    python train.py --config configs/tiny.py                       # CPU smoke run, synthetic data
+    python train.py --config configs/tiny.py                       # CPU smoke run → runs/tiny-<time>/
     python train.py --config configs/stage1_lora.py --set optim.lr=1e-5 --set ckpt.dir=/ckpt/s1
     python train.py --config configs/synthetic_ae.py               # our own VAE (rynn_jax/training/autoencoder.py)
+
+A run with existing checkpoint steps in ckpt.dir resumes from the newest one. Ctrl-C (or SIGTERM)
+finishes the current step, saves it and exits 0 ("saved step N"), printing how to resume.
 
 Read top to bottom: Config → Mesh → Input → Model & state → Checkpoint → Update → Loop. The
 pieces live in rynn_jax/training (config, loss, lora, optim, state, step, checkpointing, metrics,
@@ -11,17 +14,17 @@ samples, loop) and rynn_jax/sharding.py (mesh + the one logical-axis rules table
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import jax
 
 from rynn_jax import data as data_lib
-from rynn_jax import sharding
-from rynn_jax.training import autoencoder, checkpointing, optim
+from rynn_jax import errors, sharding
+from rynn_jax.training import autoencoder, checkpointing, optim, preflight
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import loop as loop_lib
@@ -36,6 +39,8 @@ Hook = Callable[[int, TrainState], None]  # e.g. render sample videos every log.
 
 def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float]:
     """Runs (or resumes) `cfg`; returns the losses of the steps this call ran."""
+    preflight.check(cfg)  # files, weights' architecture, output dirs: before anything is built
+
     # ----------------------------------------------------------------------------------------------
     # Mesh
     # ----------------------------------------------------------------------------------------------
@@ -68,7 +73,7 @@ def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float
         restored = ckpt.restore_latest(target, data_iter)
     if restored is not None:
         state = restored
-        logging.info("resumed at step %d", int(state.step))
+        logging.info("resumed from step %d", int(state.step))
     elif cfg.ckpt.init_from:
         state = state_lib.load_base_weights(state, cfg.ckpt.init_from, shardings)
 
@@ -105,7 +110,7 @@ def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float
 
     loop = loop_lib.Loop(start=int(state.step), total_steps=cfg.total_steps, log=cfg.log, ckpt_cfg=cfg.ckpt,
                          ckpt=ckpt, data_iter=data_iter, on_metrics=on_metrics, hooks=hooks,
-                         debug_kill_at_step=cfg.debug_kill_at_step)
+                         debug_kill_at_step=cfg.debug_kill_at_step, debug_kill_signal=cfg.debug_kill_signal)
     for s in loop.steps():
         batch = to_device(next(data_iter))
         work = work or _work_per_step(cfg, batch)
@@ -125,15 +130,16 @@ def _work_per_step(cfg: config_lib.TrainConfig, batch: dict) -> tuple[int, float
 
 
 def main(argv: Sequence[str] | None = None) -> list[float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = errors.ArgumentParser(prog="python train.py", description=__doc__)
     parser.add_argument("--config", required=True, help="recipe file under configs/")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("rynn_jax").setLevel(logging.INFO)  # ours even where a library configured logging first
+    metrics_lib.setup_logging()
     recipe = config_lib.load_config(args.config, (config_lib.TrainConfig, autoencoder.AutoencoderTrainConfig))
     cfg = config_lib.apply_overrides(recipe, args.set)
+    cfg = config_lib.with_run_dir(cfg, args.config)
+    logging.info("run: checkpoints in %s, metrics in %s", cfg.ckpt.dir or "(none)", cfg.log.dir or "(none)")
     logging.info("config: %s", json.dumps(config_lib.to_dict(cfg)))
     if isinstance(cfg, autoencoder.AutoencoderTrainConfig):
         return autoencoder.train(cfg)
@@ -141,4 +147,4 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

@@ -1,299 +1,85 @@
-"""Official checkpoints (original Wan layout or diffusers layout) → our parameter trees.
+"""CLI: an official Wan-family checkpoint → a rynn-jax model directory (orbax params + config.json).
 
-The engine here is model-agnostic: a model's name map is a list of `Rule`s, each saying which
-checkpoint tensor(s) fill one leaf of our parameter tree and how to transform them (transpose a
-torch Linear, stack 30 per-layer tensors for `scan`, ...). `convert_state_dict` applies the rules
-and refuses to produce a tree that is not exactly right: every checkpoint key must be consumed,
-every leaf of ours must be filled, and every shape must match, with errors that name the key.
+    python -m rynn_jax.convert {dit,vae} SRC OUT [--config NAME] [--dtype bfloat16] [--control add-plus]
 
-Reading uses `safetensors` with numpy (bf16 arrives as `ml_dtypes.bfloat16`), never torch.
+The architecture comes from the checkpoint's own config.json (`checkpoint_dit_config`,
+`checkpoint_vae_config`) unless a preset is named; the name maps live beside each model
+(`models/dit_weights.py`, `models/vae_weights.py`), the engine in `rynn_jax.weights`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Sequence
 
 import numpy as np
-from safetensors import safe_open
 
-Array = np.ndarray
-
-
-class ConversionError(ValueError):
-    """A checkpoint does not fit the model: missing, unexpected or mis-shaped tensors."""
-
-
-def _identity(x: Array) -> Array:
-    return x
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """How one leaf of our parameter tree is built from checkpoint tensors."""
-
-    target: tuple[str, ...]  # path into our pure param dict, e.g. ("blocks", "attn1", "q", "kernel")
-    sources: tuple[str, ...]  # checkpoint keys; several = one per scanned layer, stacked on axis 0
-    transform: Callable[[Array], Array] = _identity  # applied to each source tensor before stacking
-    stacked: bool = False  # True: the target has a leading layer axis built from `sources`
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading safetensors (single file, a directory, or a sharded `*.index.json`)
-# --------------------------------------------------------------------------------------------------
-
-
-class SafetensorsDict(Mapping[str, Array]):
-    """Lazy read-only mapping over one or more safetensors files; tensors load on access."""
-
-    def __init__(self, files_by_key: dict[str, str]):
-        self._files_by_key = files_by_key
-
-    def __getitem__(self, key: str) -> Array:
-        path = self._files_by_key[key]
-        try:
-            with safe_open(path, framework="numpy") as f:
-                return f.get_tensor(key)
-        except Exception as e:  # safetensors raises its own types; name the file and key
-            raise ConversionError(f"cannot read tensor {key!r} from {path}: {e}") from e
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        with safe_open(self._files_by_key[key], framework="numpy") as f:
-            return tuple(f.get_slice(key).get_shape())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._files_by_key)
-
-    def __len__(self) -> int:
-        return len(self._files_by_key)
-
-
-def _keys_of(path: str) -> list[str]:
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return list(f.keys())
-    except Exception as e:
-        raise ConversionError(f"{path} is not a readable safetensors file: {e}") from e
-
-
-def open_safetensors(path: str | os.PathLike[str], prefix: str = "") -> SafetensorsDict:
-    """Open a `.safetensors` file, a `*.safetensors.index.json`, or a directory holding either.
-
-    `prefix` selects a component inside a diffusers pipeline directory, e.g. "transformer".
-    """
-    path = os.fspath(path)
-    if prefix:
-        path = os.path.join(path, prefix)
-    if os.path.isdir(path):
-        indexes = sorted(f for f in os.listdir(path) if f.endswith(".safetensors.index.json"))
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if indexes:
-            path = os.path.join(path, indexes[0])
-        elif len(files) == 1:
-            path = os.path.join(path, files[0])
-        elif files:
-            files_by_key = {}
-            for name in files:
-                for key in _keys_of(os.path.join(path, name)):
-                    files_by_key[key] = os.path.join(path, name)
-            return SafetensorsDict(files_by_key)
-        else:
-            raise ConversionError(f"no .safetensors or .safetensors.index.json in {path}")
-    if path.endswith(".index.json"):
-        with open(path) as f:
-            weight_map = json.load(f)["weight_map"]
-        root = os.path.dirname(path)
-        missing = sorted({v for v in weight_map.values() if not os.path.exists(os.path.join(root, v))})
-        if missing:
-            raise ConversionError(f"{path} names shard files that do not exist: {missing}")
-        return SafetensorsDict({k: os.path.join(root, v) for k, v in weight_map.items()})
-    if not os.path.exists(path):
-        raise ConversionError(f"checkpoint not found: {path}")
-    return SafetensorsDict({k: path for k in _keys_of(path)})
-
-
-# --------------------------------------------------------------------------------------------------
-# Applying rules
-# --------------------------------------------------------------------------------------------------
-
-
-def flatten_params(tree: Mapping[Any, Any], str_keys: bool = True) -> dict[tuple[Any, ...], Any]:
-    """Nested dict (as `nnx.to_pure_dict` returns) → {path tuple: leaf}; keys become str unless
-    `str_keys=False` (then they round-trip into `nnx.replace_by_pure_dict` unchanged)."""
-    flat: dict[tuple[Any, ...], Any] = {}
-
-    def visit(prefix: tuple[Any, ...], node: Any) -> None:
-        if isinstance(node, Mapping):
-            for k, v in node.items():
-                visit(prefix + ((str(k) if str_keys else k),), v)
-        else:
-            flat[prefix] = node
-
-    visit((), tree)
-    return flat
-
-
-def unflatten_params(flat: Mapping[tuple[Any, ...], Any]) -> dict[Any, Any]:
-    tree: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        node = tree
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = leaf
-    return tree
-
-
-def convert_state_dict(
-    state_dict: Mapping[str, Array],
-    rules: Sequence[Rule],
-    abstract_params: Mapping[str, Any],
-    dtype: Any | None = None,
-) -> dict[str, Any]:
-    """Build our param tree from `state_dict` by `rules`, checking it against `abstract_params`.
-
-    `abstract_params` is the pure dict of `jax.ShapeDtypeStruct` (from `nnx.eval_shape`) that the
-    result must match leaf for leaf. `dtype` casts every leaf (None keeps the model's dtype).
-    """
-    expected = {p: leaf for p, leaf in flatten_params(abstract_params).items()}
-    by_target: dict[tuple[str, ...], Rule] = {}
-    for rule in rules:
-        if rule.target in by_target:
-            raise ConversionError(f"two rules fill {'/'.join(rule.target)}")
-        by_target[rule.target] = rule
-
-    unfilled = sorted("/".join(p) for p in expected if p not in by_target)
-    if unfilled:
-        raise ConversionError(f"no checkpoint tensor maps to our parameter(s): {unfilled[:10]}")
-    unknown = sorted("/".join(p) for p in by_target if p not in expected)
-    if unknown:
-        raise ConversionError(f"rules name parameters the model does not have: {unknown[:10]}")
-
-    needed = [k for rule in rules for k in rule.sources]
-    missing = [k for k in needed if k not in state_dict]
-    if missing:
-        raise ConversionError(
-            f"checkpoint is missing key {missing[0]!r}"
-            + (f" (and {len(missing) - 1} more: {missing[1:6]})" if len(missing) > 1 else "")
-        )
-    unused = sorted(set(state_dict) - set(needed))
-    if unused:
-        raise ConversionError(
-            f"checkpoint has unexpected key {unused[0]!r}"
-            + (f" (and {len(unused) - 1} more: {unused[1:6]})" if len(unused) > 1 else "")
-            + "; is this the right model config and layout?"
-        )
-
-    out: dict[tuple[str, ...], Array] = {}
-    for path, rule in by_target.items():
-        want = expected[path]
-        per_source = []
-        for key in rule.sources:
-            value = rule.transform(np.asarray(state_dict[key]))
-            want_one = tuple(want.shape[1:]) if rule.stacked else tuple(want.shape)
-            if tuple(value.shape) != want_one:
-                raise ConversionError(
-                    f"checkpoint key {key!r} has shape {tuple(np.shape(state_dict[key]))} "
-                    f"(→ {tuple(value.shape)} after transform) but our {'/'.join(path)} needs "
-                    f"{want_one}"
-                )
-            per_source.append(value)
-        if rule.stacked:
-            if len(per_source) != want.shape[0]:
-                raise ConversionError(
-                    f"{'/'.join(path)} stacks {want.shape[0]} layers but the rule has {len(per_source)}"
-                )
-            value = np.stack(per_source, axis=0)
-        elif len(per_source) == 1:
-            value = per_source[0]
-        else:
-            raise ConversionError(f"rule for {'/'.join(path)} has several sources but is not stacked")
-        out[path] = value.astype(dtype if dtype is not None else want.dtype)
-    return unflatten_params(out)
-
-
-def abstract_pure_params(abstract_state: Any) -> dict[str, Any]:
-    """`nnx.State` of ShapeDtypeStructs → pure nested dict with str keys (scan layers are arrays)."""
-    from flax import nnx
-
-    pure = nnx.to_pure_dict(abstract_state)
-    return unflatten_params(flatten_params(pure))
-
-
-def torch_linear(w_oi: Array) -> Array:
-    """torch Linear weight (out, in) → our kernel (in, out)."""
-    return np.ascontiguousarray(w_oi.T)
-
-
-def torch_conv3d(w_oitwh: Array) -> Array:
-    """torch Conv3d weight (out, in, t, h, w) → our kernel (t, h, w, in, out)."""
-    return np.ascontiguousarray(np.transpose(w_oitwh, (2, 3, 4, 1, 0)))
-
-
-def torch_conv2d(w_oihw: Array) -> Array:
-    """torch Conv2d weight (out, in, h, w) → our kernel (h, w, in, out)."""
-    return np.ascontiguousarray(np.transpose(w_oihw, (2, 3, 1, 0)))
-
-
-# --------------------------------------------------------------------------------------------------
-# CLI: python -m rynn_jax.convert {dit,vae} SRC OUT [--config NAME] [--dtype bfloat16]
-# --------------------------------------------------------------------------------------------------
+from rynn_jax import checkpoints, errors
+from rynn_jax.atomic import atomic_dir
+from rynn_jax.models import control
+from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.models.dit_weights import checkpoint_dit_config, load_dit_checkpoint
+from rynn_jax.models.vae import WanVAEConfig
+from rynn_jax.models.vae_weights import checkpoint_vae_config, load_vae_checkpoint
+from rynn_jax.weights import flatten_params
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    from rynn_jax import checkpoints
-
-    parser = argparse.ArgumentParser(
+    parser = errors.ArgumentParser(
         prog="python -m rynn_jax.convert",
-        description="Convert an official Wan2.2 checkpoint (original or diffusers layout) into a "
-        "rynn-jax model directory (orbax params + config.json).")
-    parser.add_argument("model", choices=["dit", "vae"])
+        description="Convert an official Wan-family checkpoint (original or diffusers layout; the architecture "
+        "from its config.json) into a rynn-jax model directory (orbax params + config.json).",
+        epilog="examples:\n"
+        "  python -m rynn_jax.convert dit /ckpt/Wan2.2-TI2V-5B-Diffusers weights/dit --dtype bfloat16\n"
+        "  python -m rynn_jax.convert vae /ckpt/Wan2.2-TI2V-5B/Wan2.2_VAE.pth weights/vae")
+    parser.add_argument("model", choices=["dit", "vae"], help="which network")
     parser.add_argument("src", help="safetensors file, *.index.json, directory, or diffusers pipeline dir "
                         "(also Wan2.2_VAE.pth for the VAE)")
-    parser.add_argument("out", help="output directory")
+    parser.add_argument("out", help="output directory (written whole or not at all)")
     parser.add_argument("--config", default=None,
-                        help="architecture preset: DiT 'ti2v_5b' (default) or 'tiny'; VAE 'wan22' or 'tiny'")
-    parser.add_argument("--dtype", default=None, help="cast parameters, e.g. bfloat16 (default: keep fp32)")
+                        help="architecture preset: DiT 'ti2v_5b' or 'tiny'; VAE 'wan22' or 'tiny' (default: the "
+                        "checkpoint's own config.json, else ti2v_5b / wan22; both given: they must agree)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="cast parameters (default: keep fp32)")
     parser.add_argument("--control", default="none", choices=["none", "add", "add-plus", "concat"],
                         help="DiT: the checkpoint's control branch (RynnWorld-Teleop releases: add or add-plus)")
     parser.add_argument("--control-stats", default=None, metavar="JSON",
                         help="DiT, add-plus: the control statistics record to keep beside the weights")
     args = parser.parse_args(argv)
     if args.model != "dit" and (args.control != "none" or args.control_stats):
-        parser.error("--control / --control-stats apply to the DiT only")
+        raise errors.UsageError("--control / --control-stats: apply to the DiT only")
+    presets = ("ti2v_5b", "tiny") if args.model == "dit" else ("wan22", "tiny")
+    if args.config is not None and args.config not in presets:
+        raise errors.UsageError(f"--config {args.config}: not a {args.model} preset", fix=f"choose from {', '.join(presets)}")
+    errors.existing(args.src, "src")
+    if args.control_stats:
+        errors.existing(args.control_stats, "--control-stats", kind="file")
+    errors.writable_dir(args.out, "out")
 
     stats = None
     if args.model == "dit":
-        from rynn_jax.models import control
-        from rynn_jax.models.dit import WanDiTConfig
-        from rynn_jax.models.dit_weights import load_dit_checkpoint
-
-        presets = {"ti2v_5b": WanDiTConfig.ti2v_5b, "tiny": WanDiTConfig.tiny}
-        cfg = presets[args.config or "ti2v_5b"](control=args.control)
+        preset = getattr(WanDiTConfig, args.config)(control=args.control) if args.config else None
+        cfg = checkpoint_dit_config(args.src, preset)
+        cfg = dataclasses.replace(cfg, control=args.control)  # config.json does not describe our branch
         cfg = dataclasses.replace(cfg, param_dtype=args.dtype) if args.dtype else cfg
         if args.control_stats:  # read (and checked) before anything is written
             try:
                 stats = control.read_stats(args.control_stats, cfg)
             except ValueError as e:
-                parser.error(f"--control-stats: {e}")
+                raise errors.UsageError(f"--control-stats {args.control_stats}: {e}") from None
         params = load_dit_checkpoint(args.src, cfg, args.dtype)
     else:
-        from rynn_jax.models.vae import WanVAEConfig
-        from rynn_jax.models.vae_weights import load_vae_checkpoint
-
-        presets = {"wan22": WanVAEConfig.wan22, "tiny": WanVAEConfig.tiny}
-        cfg = presets[args.config or "wan22"]()
+        cfg = checkpoint_vae_config(args.src, getattr(WanVAEConfig, args.config)() if args.config else None)
         params = load_vae_checkpoint(args.src, cfg, args.dtype)
     n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
-    checkpoints.save_params(args.out, params, cfg)
-    if stats is not None:
-        control.write_stats(os.path.join(args.out, control.STATS_FILE), stats, cfg)
+    with atomic_dir(args.out) as tmp:  # a cut conversion never looks like a finished one
+        checkpoints.save_params(tmp, params, cfg)
+        if stats is not None:
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), stats, cfg)
     print(f"wrote {args.model} ({n:,} parameters) to {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

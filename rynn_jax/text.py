@@ -10,7 +10,6 @@ slightly from the reference's "empty prompt"; save umT5("") once and pass it for
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -110,21 +109,27 @@ def episode_prompts(root: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rynn_jax.text",
-                                description="Write hashed prompt embeddings (a stand-in for umT5) for "
-                                            "the task descriptions of the episodes under a directory.")
+    from rynn_jax import errors
+
+    p = errors.ArgumentParser(prog="python -m rynn_jax.text",
+                              description="Write hashed prompt embeddings (a stand-in for umT5) for "
+                                          "the task descriptions of the episodes under a directory.")
     p.add_argument("--episodes", required=True, help="directory searched for */metadata.json")
     p.add_argument("--out", required=True, help="output directory of <sha256(prompt)>.safetensors")
     p.add_argument("--dim", type=int, required=True, help="embedding width (the DiT's text_dim)")
     p.add_argument("--len", type=int, default=4, help="tokens per prompt (≤ the DiT's text_len)")
     a = p.parse_args(argv)
+    errors.existing(a.episodes, "--episodes", kind="directory")
+    errors.writable_dir(a.out, "--out")
     prompts = episode_prompts(a.episodes)
     if not prompts:
-        p.error(f"no */metadata.json with a task_description under {a.episodes}")
+        raise errors.InputError(f"--episodes {a.episodes}: no */metadata.json with a task_description under it")
     for prompt, path in zip(sorted(prompts), write_hashed_embeddings(prompts, a.out, a.len, a.dim)):
         print(f"{os.path.basename(path)}  {prompt}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from rynn_jax import errors
+
+    raise SystemExit(errors.run(main))

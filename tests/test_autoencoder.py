@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rynn_jax import errors
 from rynn_jax.data import video as video_lib
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.vae_weights import load_vae
@@ -233,7 +234,7 @@ def test_data_errors_are_one_line(tmp_path, episodes):
     video_lib.write_video(tmp_path / "ep" / "observation.images.head.mp4", np.zeros((2, 16, 16, 3), np.uint8), 16.0)
     with pytest.raises(FileNotFoundError, match="skeleton.mp4: missing") as e:
         ae.video_items(ae.episode_dirs([str(tmp_path / "ep")], "data.train_dirs"), ae.SIM_VIDEOS)
-    with pytest.raises(TypeError, match="not TrainConfig or AutoencoderTrainConfig"):
+    with pytest.raises(errors.UsageError, match="not TrainConfig or AutoencoderTrainConfig"):
         config_lib.load_config(os.path.join(ROOT, "configs", "distill_tiny.py"),
                                (config_lib.TrainConfig, ae.AutoencoderTrainConfig))
 

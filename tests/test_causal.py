@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +27,14 @@ LATENT_HW = (2, 4)  # → 2 tokens per latent frame
 
 
 @contextlib.contextmanager
-def backend_compiles():
-    """Counts XLA compiles (any program, eager ops included) while the block runs: yields a list
-    that gets one entry per compile."""
-    seen: list[float] = []
+def compiled_programs(event: str = "backend_compile"):
+    """Names of the programs XLA compiles (any program, eager ops included) while the block runs,
+    in order, from JAX's public monitoring events; event="jaxpr_trace": the functions JAX traces."""
+    seen: list[str] = []
 
-    def listener(event: str, duration: float, **_) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(duration)
+    def listener(name: str, duration: float, fun_name: str = "?", **_) -> None:
+        if name == f"/jax/core/compile/{event}_duration":
+            seen.append(fun_name)
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
@@ -169,6 +170,52 @@ def test_step_schedule():
     assert sigmas[-1] == 0.0 and np.all(np.diff(sigmas) < 0)
 
 
+def test_training_rollout_and_served_steps_give_the_same_frames(model):
+    """The student is trained through `distill.rollout` and served through `streaming`'s steps; both
+    run `diffusion.x0_euler`. For the same key (block i gets fold_in(key, i), as a session's blocks
+    do) they give the same frames: the served latent step (unrolled layers, working cache) and the
+    merged clean pass StreamingSession serves with, over three blocks of a chunk. Another key gives
+    other frames, so the match is not that of a noise-free sampler."""
+    from rynn_jax.distill import rollout as rollout_lib
+    from rynn_jax.distill.config import DMDConfig
+    from rynn_jax.models.dit import unrolled
+
+    fpb, blocks, b = 2, 3, 2
+    ccfg, scfg = causal.CausalConfig(frames_per_block=fpb, window_frames=5), streaming.StepConfig(num_steps=3)
+    rng = np.random.default_rng(13)
+    ref, ctx = _start_inputs(rng, b)
+    control = _latents(rng, b, fpb * blocks)
+    graphdef, params, stats = nnx.split(model, nnx.Param, ...)
+    trained = jax.jit(lambda key: rollout_lib.rollout(
+        graphdef, params, stats, ref, ctx, control, key, num_frames=fpb * blocks, ccfg=ccfg, scfg=scfg,
+        dcfg=DMDConfig(last_step_only=True), grad=False))
+    key = jax.random.key(3)
+    want = trained(key)
+    assert rel_err(trained(jax.random.key(4)), want) > 1e-2
+    np.testing.assert_array_equal(want[:, 0], ref[:, 0])  # the chunk's frame 0 is the reference
+    blk = lambda i: control[:, i * fpb:(i + 1) * fpb]  # noqa: E731
+
+    student = streaming.CausalStudent(model, ccfg, scfg)
+    state = student.start(ref, ctx)
+    served = []
+    for i in range(blocks):
+        x, state = student.step(state, blk(i), jax.random.fold_in(key, i))
+        served.append(x)
+    assert rel_err(jnp.concatenate(served, 1), want) < 1e-5
+
+    g, p = nnx.split(unrolled(model))
+    merged = dataclasses.replace(scfg, merge_clean_pass=True)
+    first, after = (jax.jit(streaming.make_deferred_step(g, ccfg, merged, after_clean=a)) for a in (False, True))
+    state = jax.jit(streaming.make_start(g, ccfg))(p, ref, ctx)
+    none = jnp.zeros((), jnp.float32)
+    x, state = first(p, state, blk(0), jax.random.fold_in(key, 0), none, none)
+    served = [x]
+    for i in range(1, blocks):
+        x, state = after(p, state, blk(i), jax.random.fold_in(key, i), served[-1], blk(i - 1))
+        served.append(x)
+    assert rel_err(jnp.concatenate(served, 1), want) < 1e-5
+
+
 def _start_inputs(rng, b=2):
     ref = _latents(rng, b, 1)
     ctx = jnp.asarray(rng.standard_normal((b, CFG.text_len, CFG.text_dim)), jnp.float32)
@@ -180,7 +227,9 @@ def test_rolling_session_constant_memory_one_compile(model):
     student = streaming.CausalStudent(model, ccfg, streaming.StepConfig(num_steps=2))
     rng = np.random.default_rng(3)
     ref, ctx = _start_inputs(rng)
-    state = student.start(ref, ctx)
+    with compiled_programs("jaxpr_trace") as traced:  # the first session traces them
+        state = student.start(ref, ctx)
+    assert "start" in traced
     shapes0 = jax.tree.map(lambda a: (a.shape, a.dtype), state)
     live = []
     for i in range(12):  # 24 frames through a 1 + 3 frame cache: wraps many times
@@ -194,10 +243,11 @@ def test_rolling_session_constant_memory_one_compile(model):
     assert int(state["cache"]["frames"]) == 24
     assert jax.tree.map(lambda a: (a.shape, a.dtype), state) == shapes0
     assert len(set(live[2:])) == 1, live  # no growth
-    # A second session and re-anchoring reuse the same executables.
-    state = student.anchor(student.start(ref, ctx), ref)
-    _, state = student.step(state, np.zeros((2, 2, *LATENT_HW, 8), np.float32), jax.random.key(0))
-    assert student.step_fn._cache_size() == 1 and student.start_fn._cache_size() == 1
+    # A second session and re-anchoring reuse the same executables: start and step are not traced again.
+    with compiled_programs("jaxpr_trace") as traced:
+        state = student.anchor(student.start(ref, ctx), ref)
+        _, state = student.step(state, np.zeros((2, 2, *LATENT_HW, 8), np.float32), jax.random.key(0))
+    assert not {"start", "step"} & set(traced), traced
 
 
 def test_unipc_solver_runs_and_pins_reference(model):
@@ -214,17 +264,18 @@ def test_bad_step_inputs_fail_before_device_work(model):
     student = streaming.CausalStudent(model, causal.CausalConfig(frames_per_block=2, window_frames=4))
     rng = np.random.default_rng(5)
     state = student.start(*_start_inputs(rng))
-    with pytest.raises(ValueError, match="control block must be"):
-        student.step(state, np.zeros((2, 3, *LATENT_HW, 8), np.float32), jax.random.key(0))
-    with pytest.raises(ValueError, match="control block must be"):
-        student.step(state, np.zeros((2, 2, 4, 4, 8), np.float32), jax.random.key(0))
     bad = np.zeros((2, 2, *LATENT_HW, 8), np.float32)
     bad[1, 1, 0, 0, 3] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
-        student.step(state, bad, jax.random.key(0))
-    with pytest.raises(ValueError, match="NaN"):
-        student.step(state, jnp.asarray(bad), jax.random.key(0))
-    assert student.step_fn._cache_size() == 0  # never traced, let alone run
+    with compiled_programs("jaxpr_trace") as traced:
+        with pytest.raises(ValueError, match="control block must be"):
+            student.step(state, np.zeros((2, 3, *LATENT_HW, 8), np.float32), jax.random.key(0))
+        with pytest.raises(ValueError, match="control block must be"):
+            student.step(state, np.zeros((2, 2, 4, 4, 8), np.float32), jax.random.key(0))
+        with pytest.raises(ValueError, match="NaN"):
+            student.step(state, bad, jax.random.key(0))
+        with pytest.raises(ValueError, match="NaN"):
+            student.step(state, jnp.asarray(bad), jax.random.key(0))
+    assert "step" not in traced, traced  # the step never traced, let alone run
 
 
 # the seam programs every session compiles ahead with its big ones (streaming._seam_programs)
@@ -241,22 +292,23 @@ def test_streaming_session_reanchors(model):
     rng = np.random.default_rng(6)
     image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)  # latent 2×4
     session.compile(image.shape)  # as at a server's boot: compiled, and each program run once on zeros
-    session.start(image, rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32), jax.random.key(0))
-    got, refs = [], []
-    for i in range(6):  # 3 chunks of 2 blocks; the second boundary uses a supplied real frame
-        n = session.frames_needed
-        supplied = image if i == 3 else None
-        out = session.step(rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32), supplied)
-        assert out.shape[1] == n and bool(jnp.isfinite(out).all())
-        got.append(n)
-        refs.append(np.asarray(session.state["dit"]["ref_latent"]))
+    got, refs, outs = [], [], []
+    with compiled_programs() as compiled:  # every program runs from the set compiled ahead
+        session.start(image, rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32),
+                      jax.random.key(0))
+        for i in range(6):  # 3 chunks of 2 blocks; the second boundary uses a supplied real frame
+            n = session.frames_needed
+            supplied = image if i == 3 else None
+            outs.append(np.asarray(session.step(rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32), supplied)))
+            got.append(n)
+            refs.append(np.asarray(session.state["dit"]["ref_latent"]))
+    assert compiled == []
+    assert [o.shape[1] for o in outs] == got and all(np.isfinite(o).all() for o in outs)
     # chunk of 4 latent frames = 13 video frames; later chunks add 12 (their frame 0 is the anchor)
     assert got == [5, 8, 4, 8, 4, 8] and session.chunks == 2
     # chunk 1 re-anchors on the last generated frame, chunk 2 on the supplied start image again
     assert not np.allclose(refs[2], refs[0], atol=1e-3)
     np.testing.assert_allclose(refs[4], refs[0], atol=1e-5)
-    # every program ran from the set compiled ahead at start, none through the jit cache
-    assert all(j._cache_size() == 0 for j in (session._start, session._step, session._anchor))
     assert len(session._ahead) == 1 and set(session._exe) == {"start", "step", "anchor"} | SEAMS
     with pytest.raises(ValueError, match="needs skeleton frames"):
         session.step(np.zeros((1, 3, 32, 64, 3), np.float32))
@@ -343,94 +395,145 @@ def test_in_place_working_cache_equals_forward_block(model, policy):
         causal.forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
 
 
-def test_streaming_session_with_merged_clean_pass_matches(model):
-    """StepConfig(merge_clean_pass=True): the session gives the same frames as the sequential one
-    across re-anchoring, with one executable per kind of block."""
+@pytest.fixture(scope="module")
+def sessions():
+    """One episode (two re-anchorings, the second on a supplied reference frame) served three ways:
+    stacked layers (forward_block's per-pass cache copies), unrolled (the in-place working cache),
+    and unrolled with the merged clean pass (StepConfig(merge_clean_pass=True)), whose session is
+    kept for the tests below, with the names of the programs compiled while its episode ran."""
     from rynn_jax.models.vae import WanVAEConfig, init_vae
 
-    dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
-    vae = init_vae(WanVAEConfig.tiny(), seed=0)
-    ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3)
-    rng = np.random.default_rng(7)
-    image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
-    ctx = rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32)
-    skeletons = [rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32) for n in (5, 8, 4, 8, 4)]
-    reference = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
-    frames = {}
-    # Stacked layers: forward_block's per-pass cache copies; unrolled (served): the in-place working cache.
-    for merge, unroll in ((False, False), (False, True), (True, True)):
-        session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3, merge_clean_pass=merge),
-                                             chunk_frames=4, unroll_layers=unroll)
-        session.start(image, ctx, jax.random.key(0))
-        # the second re-anchoring (before step 4) starts its chunk on a supplied reference frame
-        frames[merge, unroll] = [np.asarray(session.step(s, reference if i == 3 else None))
-                                 for i, s in enumerate(skeletons)]
-    # Every program ran from the set compiled ahead at start (one each, never through the jit cache).
-    jitted = (session._start, session._step_first, session._step_after, session._anchor)
-    assert all(j._cache_size() == 0 for j in jitted) and len(session._ahead) == 1
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)  # as `fast_compile`, for the module
+    try:
+        dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
+        vae = init_vae(WanVAEConfig.tiny(), seed=0)
+        ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3)
+        rng = np.random.default_rng(7)
+        image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
+        ctx = rng.standard_normal((1, CFG.text_len, CFG.text_dim)).astype(np.float32)
+        skeletons = [rng.uniform(-1, 1, (1, n, 32, 64, 3)).astype(np.float32) for n in (5, 8, 4, 8, 4)]
+        reference = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
+        frames = {}
+        for merge, unroll in ((False, False), (False, True), (True, True)):
+            session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3,
+                                                                                      merge_clean_pass=merge),
+                                                 chunk_frames=4, unroll_layers=unroll)
+            with compiled_programs() as names:
+                session.start(image, ctx, jax.random.key(0))
+                frames[merge, unroll] = [np.asarray(session.step(s, reference if i == 3 else None))
+                                         for i, s in enumerate(skeletons)]
+        yield types.SimpleNamespace(dit=dit, vae=vae, ccfg=ccfg, image=image, ctx=ctx, skeletons=skeletons,
+                                    reference=reference, frames=frames, session=session, names=names)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+def _episode(session, s, keys=None, batch: int = 1, blocks: int = 2) -> list[np.ndarray]:
+    """The first `blocks` blocks of the fixture's episode on `session`, `batch` copies of it."""
+    cat = lambda x: np.concatenate([x] * batch)  # noqa: E731
+    session.start(cat(s.image), cat(s.ctx), jax.random.key(0) if keys is None else keys)
+    return [np.asarray(session.step(cat(k), cat(s.reference) if i == 3 else None))
+            for i, k in enumerate(s.skeletons[:blocks])]
+
+
+def test_merged_clean_pass_session_gives_the_sequential_frames(sessions):
+    """The merged clean pass and the working cache give the frames of the plain sequential session,
+    across re-anchoring."""
+    want = sessions.frames[False, False]
+    for variant in ((False, True), (True, True)):
+        for a, b in zip(want, sessions.frames[variant]):
+            assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant
+    assert [f.shape[1] for f in want] == [5, 8, 4, 8, 4]
+
+
+def test_session_programs_are_compiled_ahead_once(sessions):
+    """Each program of a session is compiled once, ahead (at start), never again through a jit
+    cache; a new episode of the same shapes — through both re-anchors, with compile() (which runs
+    every program once on zeros) called in the middle of it — compiles nothing, not even an eager op
+    at a block seam, and gives the same frames."""
+    session = sessions.session
+    big = [n for n in sessions.names if n.startswith("jit(stream_")]
+    assert sorted(big) == ["jit(stream_anchor)", "jit(stream_start)", "jit(stream_step)", "jit(stream_step)"]
     assert set(session._exe) == {"start", "step_first", "step_after", "anchor"} | SEAMS
-    # A new episode of the same shapes, through both re-anchors: not one compile, not even of an
-    # eager op at a block seam (the seams' small programs were compiled ahead too), same frames,
-    # also with compile() (which runs every program once on zeros) called in the middle of it.
-    key = jax.random.key(0)
-    with backend_compiles() as compiles:
-        session.start(image, ctx, key)
+    image, s = sessions.image, sessions
+    with compiled_programs() as names:
+        session.start(image, s.ctx, jax.random.key(0))
         again = []
-        for i, s in enumerate(skeletons):
-            again.append(np.asarray(session.step(s, reference if i == 3 else None)))
+        for i, k in enumerate(s.skeletons):
+            again.append(np.asarray(session.step(k, s.reference if i == 3 else None)))
             if i == 1:
                 session.compile(image.shape)
-    assert compiles == [] and len(session._ahead) == 1 and all(j._cache_size() == 0 for j in jitted)
-    for got, want in zip(again, frames[True, True]):
+    assert names == []
+    for got, want in zip(again, s.frames[True, True]):
         np.testing.assert_array_equal(got, want)
-    # Another shape (batch 2), compiled ahead as a server would at boot, gets its own set; going back
-    # to batch 1 uses the first one again.
-    session.compile((2, *image.shape[1:]))
-    assert len(session._ahead) == 2 and all(f.done() for exe in session._ahead.values() for f in exe.values())
-    session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), jax.random.key(0))
-    pair = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
-    assert len(session._ahead) == 2 and pair[1].shape[0] == 2
-    with pytest.raises(ValueError, match="start wants"):
-        session.start(image[0], ctx, jax.random.key(0))
-    # A failed compile (say, out of memory) is not kept: the next start builds the set again.
-    one = next(k for k in session._ahead if k[0] == image.shape)
+
+
+def test_session_keeps_a_program_set_per_shape(sessions):
+    """Another shape (batch 2), compiled ahead as a server would at boot, gets its own set of
+    programs; going back to batch 1 uses the first set again (same frames, nothing compiled)."""
+    session, s = sessions.session, sessions
+    sets = len(session._ahead)  # the fixture's batch-1 set
+    session.compile((2, *s.image.shape[1:]))
+    assert len(session._ahead) == sets + 1
+    assert all(f.done() for exe in session._ahead.values() for f in exe.values())
+    pair = _episode(session, s, batch=2)
+    assert pair[1].shape[0] == 2 and len(session._ahead) == sets + 1
+    with compiled_programs() as names:
+        again = _episode(session, s)
+    assert not [n for n in names if n.startswith("jit(stream_")]
+    np.testing.assert_array_equal(again[1], s.frames[True, True][1])
+
+
+def test_session_rebuilds_a_failed_compile(sessions):
+    """A failed compile (say, out of memory) is not kept: the next start builds the set again."""
+    session, s = sessions.session, sessions
+    one = next(k for k in session._ahead if k[0] == s.image.shape)
     failed = concurrent.futures.Future()
     failed.set_exception(RuntimeError("compile failed"))
     session._ahead[one] = {**session._ahead[one], "step_after": failed}
-    session.start(image, ctx, jax.random.key(0))
-    again = [np.asarray(session.step(s)) for s in skeletons[:2]]
+    again = _episode(session, s)
     assert session._ahead[one]["step_after"] is not failed
-    np.testing.assert_array_equal(again[1], frames[True, True][1])
-    # A rolling session that never re-anchors compiles no anchor program.
-    rolling = streaming.StreamingSession(dit, vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
-                                                                       policy="rolling"),
+    np.testing.assert_array_equal(again[1], s.frames[True, True][1])
+
+
+def test_session_keys_per_sample(sessions):
+    """One key per sample: sample b's noise comes from key b alone, so sample 1 (key 0) is the
+    batch-1 session's episode with key 0, and sample 0 (same inputs, key 5) is another."""
+    session, s = sessions.session, sessions
+    keys = jnp.stack([jax.random.key(5), jax.random.key(0)])
+    mixed = _episode(session, s, keys, batch=2)
+    for got, want in zip(mixed, s.frames[True, True]):
+        assert rel_err(got[1:], want) < 1e-5 and rel_err(got[:1], want) > 1e-2
+    with pytest.raises(ValueError, match="one key per session sample"):
+        session.start(s.image, s.ctx, keys)
+
+
+def test_session_refuses_bad_inputs(sessions):
+    session, s = sessions.session, sessions
+    with pytest.raises(ValueError, match="start wants"):
+        session.start(s.image[0], s.ctx, jax.random.key(0))
+    session.start(s.image, s.ctx, jax.random.key(0))
+    for k in s.skeletons[:2]:
+        session.step(k)
+    with pytest.raises(ValueError, match="next_reference"):
+        session.step(s.skeletons[2], s.reference[:, :16])
+    with pytest.raises(ValueError, match="x0_euler"):
+        streaming.StepConfig(solver="unipc", merge_clean_pass=True)
+
+
+def test_rolling_session_compiles_no_anchor_program(sessions):
+    """A rolling session that never re-anchors compiles no anchor program (nor its seams)."""
+    s = sessions
+    rolling = streaming.StreamingSession(s.dit, s.vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
+                                                                           policy="rolling"),
                                          streaming.StepConfig(num_steps=3, merge_clean_pass=True), chunk_frames=None)
-    rolling.compile(image.shape)
-    rolling.start(image, ctx, jax.random.key(0))
-    out = [np.asarray(rolling.step(s)) for s in (skeletons[0], skeletons[1], skeletons[3], skeletons[1])]
+    rolling.compile(s.image.shape)
+    rolling.start(s.image, s.ctx, jax.random.key(0))
+    out = [np.asarray(rolling.step(k)) for k in (s.skeletons[0], s.skeletons[1], s.skeletons[3], s.skeletons[1])]
     assert set(rolling._exe) == {"start", "step_first", "step_after"} | SEAMS - {"pad_chunk_first", "drop_4"}
     assert rolling.chunks == 0
     assert [o.shape[1] for o in out] == [5, 8, 8, 8] and all(np.isfinite(o).all() for o in out)
-    session.start(image, ctx, jax.random.key(0))
-    again = [np.asarray(session.step(s)) for s in skeletons[:2]]
-    assert len(session._ahead) == 2
-    np.testing.assert_array_equal(again[1], frames[True, True][1])
-    # One key per sample: sample b's noise comes from key b alone, so sample 1 (key 0) is the batch-1
-    # session's episode with key 0, and sample 0 (same inputs, key 5) is another.
-    keys = jnp.stack([jax.random.key(5), jax.random.key(0)])
-    session.start(np.concatenate([image, image]), np.concatenate([ctx, ctx]), keys)
-    mixed = [np.asarray(session.step(np.concatenate([s, s]))) for s in skeletons[:2]]
-    for got, want in zip(mixed, frames[True, True]):
-        assert rel_err(got[1:], want) < 1e-5 and rel_err(got[:1], want) > 1e-2
-    with pytest.raises(ValueError, match="one key per session sample"):
-        session.start(image, ctx, keys)
-    for variant in ((False, True), (True, True)):
-        for a, b in zip(frames[False, False], frames[variant]):
-            assert a.shape == b.shape and rel_err(b, a) < 1e-4, variant
-    with pytest.raises(ValueError, match="next_reference"):
-        session.step(skeletons[2], reference[:, :16])
-    with pytest.raises(ValueError, match="x0_euler"):
-        streaming.StepConfig(solver="unipc", merge_clean_pass=True)
 
 
 def test_stream_step_decodes_with_the_tiny_autoencoder():

@@ -364,7 +364,7 @@ def test_convert_cli_keeps_the_statistics_beside_the_weights(tmp_path):
     cli_cfg = WanDiTConfig.tiny(control="add-plus")  # the CLI's "tiny" preset
     _released_files(tmp_path, cli_cfg)
     out = tmp_path / "converted"
-    with pytest.raises(SystemExit):  # a bad record is refused before anything is written
+    with pytest.raises(ValueError, match="--control-stats"):  # a bad record is refused before anything is written
         (tmp_path / "bad.json").write_text("{}")
         convert_main(["dit", str(tmp_path / "model.safetensors"), str(out), "--config", "tiny",
                       "--control", "add-plus", "--control-stats", str(tmp_path / "bad.json")])

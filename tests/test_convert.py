@@ -13,7 +13,8 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from rynn_jax import checkpoints
-from rynn_jax.convert import ConversionError, Rule, convert_state_dict, main, open_safetensors
+from rynn_jax.convert import main
+from rynn_jax.weights import ConversionError, Rule, convert_state_dict, open_safetensors
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.dit_weights import load_dit
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 
 import jax
@@ -10,14 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rynn_jax.convert import ConversionError, flatten_params
+from rynn_jax.weights import ConversionError, flatten_params
 from rynn_jax.models import dit
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params, init_dit
 from rynn_jax.text import pad_context
-from rynn_jax.models.dit_weights import dit_params_from_state_dict
+from rynn_jax.models.dit_weights import dit_config_from_json, dit_params_from_state_dict, load_dit
 
-torch = pytest.importorskip("torch")
-diffusers = pytest.importorskip("diffusers")
 
 
 def rel_l2(ours, ref) -> float:
@@ -34,6 +34,8 @@ CONFIGS = {
 
 
 def _reference(name: str):
+    torch = pytest.importorskip("torch")  # only the parity tests need torch and diffusers
+    diffusers = pytest.importorskip("diffusers")
     layers, heads, hd, ffn, ch, text_dim, freq, *_ = CONFIGS[name]
     torch.manual_seed(sum(map(ord, name)))
     ref = diffusers.WanTransformer3DModel(
@@ -62,6 +64,8 @@ def _inputs(name: str, cfg: WanDiTConfig):
 
 
 def _reference_out(ref, z, t_bf, ctx):
+    import torch
+
     b, f, h, w, _ = z.shape
     t_tokens = np.repeat(t_bf, (h // 2) * (w // 2), axis=1)  # diffusers takes per-token timesteps
     with torch.no_grad():
@@ -212,7 +216,8 @@ def test_unrolled_serving_layout_has_per_layer_weights():
         assert a.shape == (3, 1, cfg.text_len, cfg.num_heads, cfg.head_dim)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     split = dit.unrolled(model, fuse_text_kv=False)
-    assert split.fused_text_kv is None and split.blocks[0].cross_attn.k is not None
+    assert split.fused_text_kv is None
+    np.testing.assert_array_equal(split.blocks[2].cross_attn.k.kernel[...], model.blocks.cross_attn.k.kernel[...][2])
 
 
 @pytest.mark.parametrize("remat, forwards", [("save_dots", 2), ("save_dots_attn", 1)])
@@ -321,6 +326,92 @@ def test_full_5b_shapes_without_allocating():
 def test_every_param_has_logical_axes():
     model = abstract_dit(WanDiTConfig.ti2v_5b())
     specs = nnx.get_partition_spec(nnx.state(model, nnx.Param))
+    shapes = flatten_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     for path, spec in flatten_params(nnx.to_pure_dict(specs)).items():
-        assert spec is not None and len(spec) >= 1, path
+        assert spec is not None and len(spec) == len(shapes[path].shape), path  # every axis named
     assert tuple(nnx.to_pure_dict(specs)["blocks"]["ffn_up"]["kernel"]) == ("layers", "embed", "mlp")
+
+
+# --------------------------------------------------------------------------------------------------
+# A checkpoint's own config.json
+# --------------------------------------------------------------------------------------------------
+
+# The keys the released Wan2.2-TI2V-5B files carry: diffusers' transformer/config.json and the
+# original repo's config.json (WanModel leaves patch_size and text_dim out of its file).
+DIFFUSERS_5B = {"_class_name": "WanTransformer3DModel", "_diffusers_version": "0.35.0.dev0",
+                "added_kv_proj_dim": None, "attention_head_dim": 128, "cross_attn_norm": True, "eps": 1e-06,
+                "ffn_dim": 14336, "freq_dim": 256, "image_dim": None, "in_channels": 48, "num_attention_heads": 24,
+                "num_layers": 30, "out_channels": 48, "patch_size": [1, 2, 2], "pos_embed_seq_len": None,
+                "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024, "text_dim": 4096}
+WAN_5B = {"_class_name": "WanModel", "_diffusers_version": "0.33.0", "dim": 3072, "eps": 1e-06, "ffn_dim": 14336,
+          "freq_dim": 256, "in_dim": 48, "model_type": "ti2v", "num_heads": 24, "num_layers": 30, "out_dim": 48,
+          "text_len": 512}
+
+
+def test_released_config_json_files_give_the_5b_preset():
+    assert dit_config_from_json(DIFFUSERS_5B) == WanDiTConfig.ti2v_5b() == dit_config_from_json(WAN_5B)
+    # what the file does not say comes from the base config
+    assert dit_config_from_json(WAN_5B, WanDiTConfig.tiny()).text_dim == WanDiTConfig.tiny().text_dim
+    # parts we do not implement, and keys we do not know, are refused by name
+    for raw, message in (({**DIFFUSERS_5B, "image_dim": 1280}, "image_dim=1280 is not supported"),
+                         ({**WAN_5B, "model_type": "i2v"}, "model_type='i2v' is not supported"),
+                         ({**WAN_5B, "vace_layers": [0, 2]}, "key 'vace_layers' is not one rynn-jax knows")):
+        with pytest.raises(ConversionError, match=re.escape(message)):
+            dit_config_from_json(raw, source="ckpt/config.json")
+
+
+@pytest.mark.usefixtures("fast_compile")
+def test_loads_an_odd_architecture_from_its_config_json(tmp_path):
+    """A tiny architecture unlike any preset (in ≠ out channels, 3 heads, eps 1e-5), saved by
+    diffusers (save_pretrained: config.json + safetensors), loads without being told the
+    architecture and gives diffusers' outputs; the same weights in the original Wan layout with the
+    original repo's config.json keys give the same parameters; the converter CLI reads the file
+    too, and a given config that disagrees with it is refused."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from diffusers import WanTransformer3DModel
+    from safetensors.numpy import save_file
+
+    from rynn_jax import checkpoints
+    from rynn_jax.convert import main as convert_cli
+
+    torch.manual_seed(3)
+    ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=12, in_channels=5,
+                                out_channels=7, text_dim=20, freq_dim=16, ffn_dim=40, num_layers=3, eps=1e-5,
+                                rope_max_seq_len=64).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_((1.0 if re.search(r"norm.*weight", name) else 0.0) + 0.2 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "pipeline" / "transformer")
+    model = load_dit(tmp_path / "pipeline")
+    assert model.cfg == WanDiTConfig(dim=36, num_layers=3, num_heads=3, ffn_dim=40, freq_dim=16, in_channels=5,
+                                     out_channels=7, text_dim=20, eps=1e-5, rope_max_len=64)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((1, 3, 4, 6, 5)).astype(np.float32)
+    t = np.asarray([[0.0, 700.0, 700.0]], np.float32)
+    ctx = pad_context(rng.standard_normal((9, 20)).astype(np.float32), model.cfg.text_len)[None]
+    graphdef, state = nnx.split(model)
+    got = jax.jit(lambda s, *a: nnx.merge(graphdef, s)(*a))(state, z, t, ctx)
+    assert got.shape == (1, 3, 4, 6, 7)
+    assert rel_l2(got, _reference_out(ref, z, t, ctx)) < 1e-5
+
+    wan = tmp_path / "wan"
+    wan.mkdir()
+    sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    save_file(to_wan_names(sd), str(wan / "diffusion_pytorch_model.safetensors"))
+    (wan / "config.json").write_text(json.dumps({
+        "_class_name": "WanModel", "dim": 36, "eps": 1e-05, "ffn_dim": 40, "freq_dim": 16, "in_dim": 5,
+        "model_type": "t2v", "num_heads": 3, "num_layers": 3, "out_dim": 7, "text_dim": 20, "text_len": 9}))
+    from_wan = load_dit(wan)
+    assert from_wan.cfg == dataclasses.replace(model.cfg, text_len=9, rope_max_len=1024)
+    want = flatten_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    for path, value in flatten_params(nnx.to_pure_dict(nnx.state(from_wan, nnx.Param))).items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(want[path]))
+
+    convert_cli(["dit", str(tmp_path / "pipeline"), str(tmp_path / "converted")])
+    assert checkpoints.load_config(tmp_path / "converted", WanDiTConfig) == model.cfg
+    with pytest.raises(ConversionError, match=r"num_layers=3 there, 2 given"):
+        load_dit(tmp_path / "pipeline", WanDiTConfig.tiny())
+    with pytest.raises(ConversionError, match=r"in_channels=5 there, 8 given"):
+        convert_cli(["dit", str(wan), str(tmp_path / "refused"), "--config", "tiny"])
+    assert not (tmp_path / "refused").exists()

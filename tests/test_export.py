@@ -39,7 +39,9 @@ def test_aot_compile_prints_memory(capsys):
     compiled = export.compile_aot(streaming.make_step(graphdef, CCFG, SCFG), params, state, controls[0], keys[0],
                                   donate_argnums=(1,))
     assert "[step]" in capsys.readouterr().out
-    assert compiled is not None
+    x_info, state_info = compiled.out_info  # the step's (latents block, state), as the jitted step gives
+    assert x_info.shape == (*controls[0].shape[:-1], CFG.out_channels)
+    assert jax.tree.map(lambda a: a.shape, state_info) == jax.tree.map(lambda a: a.shape, state)
 
 
 def test_export_roundtrip_in_fresh_process(tmp_path):

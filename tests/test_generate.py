@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from rynn_jax.data import robot as robot_data
+from rynn_jax.errors import UsageError
 from rynn_jax.data.clips import ClipConfig, ClipRef
 from rynn_jax.kinematics import streams
 from rynn_jax.kinematics.cli import retarget_stream
@@ -48,7 +49,7 @@ def test_bad_streams_are_reported_and_the_rest_written(generated):
     root, out, summary = generated
     assert summary["written"] == {"a": FRAMES, "b": FRAMES, "task2/c": FRAMES}
     assert set(summary["failed"]) == {"bad", "short"}
-    assert "BadZipFile" in summary["failed"]["bad"] or "ValueError" in summary["failed"]["bad"]
+    assert f"bad/{STREAM_FILE}: not a readable" in summary["failed"]["bad"]  # names the file
     assert "too short" in summary["failed"]["short"]
     assert json.loads((out / gen.FAILURES_FILE).read_text()) == summary["failed"]
     assert not list(out.rglob("*.tmp"))
@@ -75,7 +76,7 @@ def test_episode_matches_the_stream_and_loads_as_a_robot_source(generated, name)
     assert source.episodes() == ["a", "b", "task2/c"]
     sample = source.load(ClipRef(name, 0))
     assert sample["video"].shape == (FRAMES, H, W, 3)
-    assert sample["video"].std() > 0  # decoded pictures, not a blank
+    assert sample["video"].std() > 10  # decoded 8-bit pictures (std ≈ 29 here), not a blank or flat frame
     stats = json.loads((out / robot_data.STATS_FILE).read_text())
     norm = (want_actions - np.asarray(stats["mean"])) / np.maximum(np.asarray(stats["std"]), 1e-6)
     np.testing.assert_allclose(sample["actions"], norm, atol=1e-4)
@@ -112,7 +113,7 @@ def test_an_output_inside_the_input_is_not_read_back_as_input(generated):
 
 
 def test_cli_refuses_a_bad_batch_and_a_missing_root(tmp_path):
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--batch 0"):
         gen.main(["--streams", str(tmp_path), "--out", str(tmp_path / "o"), "--batch", "0"])
     with pytest.raises(FileNotFoundError, match="no operator_stream.npz"):
         gen.generate(tmp_path, tmp_path / "o")

@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 from flax import nnx
-from torch import nn
 
-from rynn_jax.convert import ConversionError
+from rynn_jax.weights import ConversionError
 from rynn_jax.models import tae as T
+
+torch = pytest.importorskip("torch")  # the oracle (and, for checkpoints, the writer) here
+F, nn = torch.nn.functional, torch.nn
 
 CFG = T.TAEConfig.tiny(dtype="float32")
 B, FRAMES, H, W = 2, 9, 32, 32  # 9 frames → 3 latent frames of 2×2

@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
-from rynn_jax.convert import ConversionError, convert_state_dict, flatten_params
+from rynn_jax.weights import ConversionError, convert_state_dict, flatten_params
 from rynn_jax.models import vae as V
 from rynn_jax.models import vae_weights as W
+
+torch = pytest.importorskip("torch")  # the oracle (and, for checkpoints, the writer) here
 
 CFG = V.WanVAEConfig.tiny()
 B, T, H, WD = 2, 13, 32, 48  # 13 frames → 4 latent frames of 2×3
@@ -301,3 +302,54 @@ def test_full_param_count_matches_diffusers():
     rules = W.vae_rules(cfg, "diffusers")
     assert sorted(k for r in rules for k in r.sources) == sorted(ref.state_dict())
     assert cfg.temporal_stride == 4 and cfg.spatial_stride == 16
+
+
+# --------------------------------------------------------------------------------------------------
+# A checkpoint's own config.json
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("fast_compile")
+def test_loads_an_odd_architecture_from_its_config_json(tmp_path):
+    """A tiny VAE unlike any preset (3 levels with other widths, time halved at the first down
+    step only, decoder width from the encoder's), saved by diffusers (save_pretrained), loads from
+    its pipeline directory without being told the architecture and decodes as diffusers does; the
+    released Wan2.2 file's keys give our preset; parts we do not implement are refused by name."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(4)
+    kwargs = dict(base_dim=6, decoder_base_dim=None, z_dim=3, dim_mult=[1, 2, 2], num_res_blocks=1,
+                  temperal_downsample=[True, False], is_residual=True, in_channels=12, out_channels=12,
+                  patch_size=2, scale_factor_temporal=2, scale_factor_spatial=8,
+                  latents_mean=[0.2, -0.1, 0.4], latents_std=[0.7, 1.3, 0.9])
+    ref = AutoencoderKLWan(**kwargs).eval().requires_grad_(False)
+    for name, p in ref.named_parameters():
+        if name.endswith(("gamma", "bias")):
+            p.copy_((1.0 if name.endswith("gamma") else 0.0) + 0.3 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "pipeline" / "vae")
+    model = W.load_vae(tmp_path / "pipeline")
+    assert model.cfg == V.WanVAEConfig(base_dim=6, decoder_base_dim=6, z_dim=3, dim_mult=(1, 2, 2), num_res_blocks=1,
+                                       temporal_downsample=(True, False), latents_mean=(0.2, -0.1, 0.4),
+                                       latents_std=(0.7, 1.3, 0.9))
+    z = torch.randn(1, 3, 1, 2, 3, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = ref.decode(z).sample.numpy()
+    mean, std = np.asarray(kwargs["latents_mean"], np.float32), np.asarray(kwargs["latents_std"], np.float32)
+    got = jax.jit(V.decode)(*nnx.split(model), (to_bthwc(z) - mean) / std)
+    assert got.shape == (1, 1, 16, 24, 3) and rel_l2(from_bthwc(got), want) <= 1e-5
+
+    released = {"_class_name": "AutoencoderKLWan", "_diffusers_version": "0.35.0.dev0", "attn_scales": [],
+                "base_dim": 160, "decoder_base_dim": 256, "dim_mult": [1, 2, 4, 4], "dropout": 0.0,
+                "in_channels": 12, "is_residual": True, "latents_mean": list(V.WAN22_LATENTS_MEAN),
+                "latents_std": list(V.WAN22_LATENTS_STD), "num_res_blocks": 2, "out_channels": 12,
+                "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4,
+                "temperal_downsample": [False, True, True], "z_dim": 48}
+    assert W.vae_config_from_json(released) == V.WanVAEConfig.wan22()
+    for change, message in (({"is_residual": False}, "is_residual=False is not supported"),
+                            ({"attn_scales": [0.5]}, "attn_scales=(0.5,) is not supported"),
+                            ({"scale_factor_spatial": 8}, "scale_factor_spatial=8 does not match"),
+                            ({"attn_heads": 4}, "key 'attn_heads' is not one rynn-jax knows")):
+        with pytest.raises(ConversionError, match=re.escape(message)):
+            W.vae_config_from_json({**released, **change})
+    with pytest.raises(ConversionError, match=r"z_dim=3 there, 4 given"):
+        W.load_vae(tmp_path / "pipeline", CFG)

@@ -7,6 +7,8 @@ the kernel itself runs in Mosaic GPU's interpret mode where it has to run at all
 from __future__ import annotations
 
 import functools
+import logging
+import types
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +70,7 @@ def test_calibrated_scales_are_the_largest_inputs_seen(model, monkeypatch):
         np.testing.assert_allclose(scales[f"{name}.input_scale"], [want], rtol=1e-5, err_msg=name)
 
 
-def test_static_model_and_scales_file(model, tmp_path):
+def test_static_model_and_scales_file(model, tmp_path, monkeypatch, caplog):
     scales = vae_fp8.calibrate(model, _decode, [_latents(1)], progress=False)
     served = vae_fp8.with_static_scales(model, scales)
     assert (served.cfg.conv_impl, served.cfg.conv_fp8_scales) == ("kernel_fp8", "static")
@@ -92,6 +94,17 @@ def test_static_model_and_scales_file(model, tmp_path):
     vae_fp8.save_scales(str(path), scales, source="test")
     loaded = vae_fp8.load_scales(str(path))
     assert sorted(loaded) == sorted(scales) and all(np.array_equal(loaded[k], scales[k]) for k in scales)
+    # Where the FP8 kernel cannot run (a GPU of compute capability < 9) the float decoder is served
+    # with XLA's convs, and the log says so; a CPU keeps the emulated FP8 numbers (checks, tests).
+    assert vae_fp8.serving_conv_impl() == vae_fp8.fp8_conv_impl() == "emulate_fp8"
+    monkeypatch.setattr(jax, "devices", lambda *_: [types.SimpleNamespace(platform="gpu", compute_capability="8.0")])
+    assert (vae_fp8.serving_conv_impl(), vae_fp8.fp8_conv_impl()) == ("fold2d", "emulate_fp8")
+    with caplog.at_level(logging.WARNING, logger="rynn_jax.models.vae_fp8"):
+        assert vae_fp8.load_static(model, str(path)) is model
+    assert "unused: the FP8 conv kernel needs a Hopper GPU" in caplog.text
+    monkeypatch.setattr(jax, "devices", lambda *_: [types.SimpleNamespace(platform="gpu", compute_capability="9.0")])
+    assert vae_fp8.serving_conv_impl() == vae_fp8.fp8_conv_impl() == "kernel_fp8"
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="not an FP8 scales file"):
         fp8_lib.load_scales(str(path))  # a VAE scales file is not the DiT's
     path.write_bytes(path.read_bytes()[:20])
@@ -129,7 +142,7 @@ def test_static_scale_reaches_the_kernel(monkeypatch):
         static = V.CausalConv3d(128, 64, (3, 3, 3), V.WanVAEConfig.tiny(
             dtype="bfloat16", param_dtype="bfloat16", conv_impl="kernel_fp8", conv_fp8_scales="static"),
             rngs=nnx.Rngs(0))
-    assert per_call.input_scale is None and static.input_scale is not None
+    assert per_call.input_scale is None and static.input_scale[...].tolist() == [1.0]  # calibration fills it
     k = jax.random.split(jax.random.key(3), 2)
     x = jax.random.normal(k[0], (1, 2, 6, 10, 128), jnp.bfloat16)
     cache = 3 * jax.random.normal(k[1], (1, 2, 6, 10, 128), jnp.bfloat16)  # the larger part: in the max

@@ -79,6 +79,10 @@ class EgoDexSource(ClipSource):
             raise DataError(h5_path, "unreadable hdf5", str(e)) from e
         return clips_lib.resampled_length(min(n, info.num_frames), info.fps, self.cfg.fps)
 
+    def prompt(self, ref: ClipRef) -> str | None:
+        with h5py.File(self._files(ref.episode)[0], "r") as f:
+            return episode_text(f)
+
     def load(self, ref: ClipRef) -> Sample:
         cfg = self.cfg
         h5_path, mp4_path = self._files(ref.episode)

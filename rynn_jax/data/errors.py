@@ -13,11 +13,14 @@ import collections
 import logging
 import threading
 
+from rynn_jax.errors import InputError
+
 log = logging.getLogger("rynn_jax.data")
 
 
-class DataError(ValueError):
-    """A file that cannot produce a correct sample. `path` names it, `reason` is a short tag."""
+class DataError(InputError):
+    """A file that cannot produce a correct sample. `path` names it, `reason` is a short tag.
+    (A user input error: entry points print it as one line, exit 1; also a ValueError.)"""
 
     def __init__(self, path: str, reason: str, detail: str = ""):
         self.path, self.reason, self.detail = str(path), reason, detail

@@ -10,25 +10,35 @@ plus `text`, `actions` (T, 54), `has_actions`, `clip_id`, `episode`, `start`, `s
 Work split: the source's clip index (deterministic given the files and ClipConfig) is cut into
 shards of `records_per_shard` consecutive clips; worker w of n does shards w, w+n, ... Resumable:
 a finished shard is a renamed file, so a re-run skips it; the index fingerprint is recorded on
-the first run and a re-run over changed files refuses (shards would no longer line up).
+the first run and a re-run over changed files refuses once a shard exists (shards would no longer
+line up; before that, the new index simply replaces the old one).
+
+Everything cheap is checked before the VAE is built: the flags, the dataset's clip index, and —
+where the source can tell a clip's prompt from its metadata (robot, EgoDex) — that every prompt
+has a text embedding. A failed or interrupted run leaves no `.tmp` shard behind.
 
 CLI:
   python -m rynn_jax.data.preencode --source egodex --root /data/egodex --out /data/latents/egodex \
       --vae /ckpt/wan22_vae --text-embeddings /data/text_embeddings [--worker 0 --num-workers 8]
+  python -m rynn_jax.data.preencode --source robot --root data/robot --out data/latents/robot \
+      --vae tiny --allow-missing-text --height 96 --width 160     # smoke run, meaningless latents
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
+
+from rynn_jax import errors
 
 from rynn_jax.data import shards as shards_lib
 from rynn_jax.data.clips import ClipConfig
@@ -91,31 +101,42 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
               render_control: ControlRenderer, embed_text: TextEmbedder,
               cfg: PreencodeConfig = PreencodeConfig()) -> dict:
     """Encode this worker's shards of `source` into `out_dir`; returns a summary dict."""
-    os.makedirs(out_dir, exist_ok=True)
     refs = source.index()
+    if not refs:
+        raise errors.InputError(f"{source.root}: no usable {source.name} clips (see the warnings above)",
+                                fix="check --root, --source and --frames")
     fingerprint = index_fingerprint(source)
     fp_path = os.path.join(out_dir, f"{source.name}.index.json")
+    total = max(1, math.ceil(len(refs) / cfg.records_per_shard))
+    mine = [(s, os.path.join(out_dir, shards_lib.shard_name(source.name, s, total)))
+            for s in range(cfg.worker, total, cfg.num_workers)]
+    todo = [(s, path) for s, path in mine if not os.path.exists(path)]
+    check_prompts(source, [r for s, _ in todo for r in refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]],
+                  embed_text)
+    recorded = None
     if os.path.exists(fp_path):
         with open(fp_path) as f:
-            if json.load(f)["fingerprint"] != fingerprint:
-                raise ValueError(f"{out_dir} was encoded from a different clip index (files or "
-                                 f"ClipConfig changed); use a new output directory")
-    else:
+            recorded = json.load(f)["fingerprint"]
+        if recorded != fingerprint and shards_lib.list_shards(out_dir, source.name):
+            raise errors.InputError(f"--out {out_dir}: was encoded from a different clip index (files or "
+                                    f"clip settings changed)", fix="use a new output directory")
+    os.makedirs(out_dir, exist_ok=True)
+    if recorded != fingerprint:  # new, or replacing the index of a run that wrote no shard
         _write_json(fp_path, {"fingerprint": fingerprint, "num_clips": len(refs),
                               "clip_config": dataclasses.asdict(source.cfg)})
-    total = max(1, math.ceil(len(refs) / cfg.records_per_shard))
-    done, written, skipped_clips = [], [], 0
-    for s in range(cfg.worker, total, cfg.num_workers):
-        path = os.path.join(out_dir, shards_lib.shard_name(source.name, s, total))
-        if os.path.exists(path):
-            done.append(path)
-            continue
+    done, written, skipped_clips = [p for _, p in mine if os.path.exists(p)], [], 0
+    bar = tqdm(total=sum(len(refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]) for s, _ in todo),
+               desc=f"preencode {source.name}", unit="clip", disable=not todo)
+    for s, path in todo:
+        if os.path.exists(path + ".tmp"):  # this worker's shard, cut by a killed run
+            os.remove(path + ".tmp")
         chunk = refs[s * cfg.records_per_shard:(s + 1) * cfg.records_per_shard]
 
         def records(chunk=chunk):
             nonlocal skipped_clips
             for ref in chunk:
                 sample = source.load_or_none(ref)
+                bar.update()
                 if sample is None:
                     skipped_clips += 1
                     continue
@@ -126,6 +147,7 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
         n = shards_lib.write_shard(path, records())
         written.append(path)
         log.info("wrote %s (%d clips)", path, n)
+    bar.close()
     summary = {"source": source.name, "num_clips": len(refs), "num_shards": total,
                "written": len(written), "already_done": len(done), "skipped_clips": skipped_clips,
                "skip_reasons": dict(SKIPPED.counts)}
@@ -133,8 +155,40 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
     return summary
 
 
+def check_prompts(source: ClipSource, refs: Sequence, embed_text: TextEmbedder) -> None:
+    """Before anything is encoded: every prompt the source can name cheaply (`ClipSource.prompt`)
+    has an embedding in `embed_text`'s directory (a `TextEmbeddingStore` that must not miss)."""
+    if not isinstance(embed_text, TextEmbeddingStore) or embed_text.missing != "error":
+        return
+    prompts = set()
+    for ref in refs:
+        try:
+            prompt = source.prompt(ref)
+        except Exception:  # noqa: BLE001 -- an unreadable episode is the loader's to report and skip
+            continue
+        if prompt is not None:
+            prompts.add(prompt)
+    missing = sorted(p for p in prompts if not os.path.exists(embed_text.path(p) or ""))
+    if missing:
+        raise errors.MissingFileError(
+            f"--text-embeddings {embed_text.directory}: no embedding for {len(missing)} of {len(prompts)} prompts, "
+            f"e.g. {missing[0]!r} (expected {embed_text.path(missing[0])})",
+            fix="add them (data/README.md) or pass --allow-missing-text")
+
+
+def lazy(factory: Callable[[], VideoEncoder]) -> VideoEncoder:
+    """An encoder built at its first call: the checks run before the VAE is loaded and compiled."""
+    built: list[VideoEncoder] = []
+
+    def encode(video: np.ndarray) -> np.ndarray:
+        if not built:
+            built.append(factory())
+        return built[0](video)
+    return encode
+
+
 def _write_json(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.tmp-{os.getpid()}"  # workers sharing the output directory never share a tmp
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
@@ -201,7 +255,8 @@ class TextEmbeddingStore:
         path = self.path(text)
         if path is None or not os.path.exists(path):
             if self.missing == "error":
-                raise FileNotFoundError(f"no text embedding for {text!r} (expected {path})")
+                raise errors.MissingFileError(f"no text embedding for {text!r} (expected {path})",
+                                              fix="add it (data/README.md) or pass --allow-missing-text")
             return np.zeros((0, self.text_dim), np.float32)
         emb = load_text_context(path, text_len=self.text_len, text_dim=self.text_dim)
         nonzero = np.flatnonzero(np.abs(emb).sum(-1))
@@ -224,31 +279,52 @@ DEFAULT_FRAMES = {"egodex": 81, "vitra": 25, "robot": 81}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = errors.ArgumentParser(prog="python -m rynn_jax.data.preencode", description=__doc__)
     p.add_argument("--source", required=True, choices=sorted(DEFAULT_FRAMES))
     p.add_argument("--root", required=True, help="dataset root (see data/README.md)")
-    p.add_argument("--out", required=True, help="output directory for the shards")
+    p.add_argument("--out", required=True, help="output directory for the shards (created)")
     p.add_argument("--vae", default="tiny", help="converted Wan2.2 VAE directory, or 'tiny'")
     p.add_argument("--text-embeddings", default=None, help="directory of <sha256>.safetensors")
     p.add_argument("--allow-missing-text", action="store_true", help="store empty embeddings")
-    p.add_argument("--frames", type=int, default=None, help="clip length (default per source)")
+    p.add_argument("--frames", type=int, default=None, help="clip length, 1 + 4k (default per source: "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(DEFAULT_FRAMES.items())) + ")")
     p.add_argument("--stride", type=int, default=None,
                    help="clip start spacing in frames (default: the clip length, no overlap)")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--height", type=int, default=480, help="clip height, a multiple of 32")
+    p.add_argument("--width", type=int, default=832, help="clip width, a multiple of 32")
     p.add_argument("--text-dim", type=int, default=4096, help="embedding width (umT5-XXL: 4096)")
     p.add_argument("--text-len", type=int, default=512, help="context slots the DiT reads")
     p.add_argument("--records-per-shard", type=int, default=64)
-    p.add_argument("--worker", type=int, default=0)
-    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--worker", type=int, default=0, help="this worker's number ...")
+    p.add_argument("--num-workers", type=int, default=1, help="... of this many")
     p.add_argument("--strict", action="store_true", help="stop at the first bad file")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    clip_cfg = ClipConfig(num_frames=a.frames or DEFAULT_FRAMES[a.source], height=a.height,
-                          width=a.width, stride=a.stride)
+    frames = a.frames or DEFAULT_FRAMES[a.source]
+    # Flags and paths first (no model is built before every cheap check has passed).
+    if frames < 1 or (frames - 1) % 4:
+        raise errors.UsageError(f"--frames {frames}: must be 1 + 4k (the VAE's temporal stride)")
+    if a.height < 32 or a.width < 32 or a.height % 32 or a.width % 32:
+        raise errors.UsageError(f"--height {a.height} / --width {a.width}: must be multiples of 32 (the VAE's 16x "
+                                "downsampling times the DiT's 2x2 patches)")
+    if a.records_per_shard < 1 or not 0 <= a.worker < a.num_workers:
+        raise errors.UsageError(f"--records-per-shard {a.records_per_shard}, --worker {a.worker} of "
+                                f"--num-workers {a.num_workers}: need ≥ 1 and 0 ≤ worker < num-workers")
+    errors.existing(a.root, "--root", kind="directory")
+    if a.vae != "tiny":
+        errors.existing(a.vae, "--vae")
+    if a.text_embeddings is not None:
+        errors.existing(a.text_embeddings, "--text-embeddings", kind="directory")
+    elif not a.allow_missing_text:
+        raise errors.UsageError("--text-embeddings: not given, and every clip needs its prompt's embedding",
+                                fix="give --text-embeddings DIR (data/README.md) or --allow-missing-text")
+    errors.writable_dir(a.out, "--out")
+    if a.stride is not None and a.stride < 1:
+        raise errors.UsageError(f"--stride {a.stride}: must be ≥ 1")
+    clip_cfg = ClipConfig(num_frames=frames, height=a.height, width=a.width, stride=a.stride)
     source = make_source(a.source, a.root, clip_cfg, a.strict)
     summary = preencode(
-        source, a.out, encode_video=vae_encoder(a.vae),
+        source, a.out, encode_video=lazy(lambda: vae_encoder(a.vae)),
         render_control=skeleton_renderer(a.height, a.width, clip_cfg.fps),
         embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error",
                                       text_dim=a.text_dim, text_len=a.text_len),
@@ -259,4 +335,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

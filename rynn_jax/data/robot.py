@@ -144,6 +144,9 @@ class RobotSource(ClipSource):
                             f"{info.num_frames} frames, metadata says {meta['total_frames']}")
         return clips_lib.resampled_length(n, meta["fps"], self.cfg.fps)
 
+    def prompt(self, ref: ClipRef) -> str | None:
+        return self._metadata(ref.episode)["text"]
+
     def load(self, ref: ClipRef) -> Sample:
         cfg = self.cfg
         meta = self._metadata(ref.episode)

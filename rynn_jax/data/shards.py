@@ -62,8 +62,11 @@ def write_shard(path: str | os.PathLike[str], records: Iterable[bytes]) -> int:
         for r in records:
             writer.write(r)
             n += 1
-    finally:
+    except BaseException:  # Ctrl-C included: no half-written .tmp left for a re-run to trip over
         writer.close()
+        os.remove(tmp)
+        raise
+    writer.close()
     os.replace(tmp, path)
     return n
 

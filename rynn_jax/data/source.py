@@ -48,6 +48,11 @@ class ClipSource(abc.ABC):
     def load(self, ref: ClipRef) -> Sample:
         """One clip as a sample dict (see `clips`); raises DataError."""
 
+    def prompt(self, ref: ClipRef) -> str | None:
+        """The clip's text without loading it, where the source can tell cheaply (metadata); None
+        otherwise. Lets the pre-encoder check text embeddings before encoding anything."""
+        return None
+
     # ---- shared ---------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)

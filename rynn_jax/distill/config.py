@@ -5,7 +5,6 @@ train.py's `--set a.b=value` machinery (`rynn_jax.training.config.apply_override
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from typing import Literal
 
@@ -18,6 +17,7 @@ from rynn_jax.training.config import (
     DataConfig,
     LogConfig,
     OptimConfig,
+    run_recipe,
 )
 
 
@@ -72,19 +72,12 @@ class DistillConfig:
     min_sharded_size: int = 2 ** 22  # startup check: arrays this large must not be replicated
     eval_every: int = 0  # student–teacher sample distance on a fixed batch every N steps (0 = never)
     teacher_eval_steps: int = 20  # Euler steps of the teacher's reference samples
-    debug_kill_at_step: int = 0  # fault injection for tests: SIGKILL after dispatching this step
+    debug_kill_at_step: int = 0  # fault injection for tests: send debug_kill_signal after dispatching this step
+    debug_kill_signal: Literal["SIGKILL", "SIGINT", "SIGTERM"] = "SIGKILL"  # SIGINT/SIGTERM: clean stop
 
 
 def load_config(path: str | os.PathLike[str]) -> DistillConfig:
     """Run a recipe file and return its `get_config()`; `file.py:arg` calls `get_config("arg")`
     (big_vision style, e.g. `configs/distill_5b.py:dmd` for phase B)."""
     path, _, arg = os.fspath(path).partition(":")
-    spec = importlib.util.spec_from_file_location("rynn_distill_config", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"no config file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config(arg) if arg else module.get_config()
-    if not isinstance(cfg, DistillConfig):
-        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not DistillConfig")
-    return cfg
+    return run_recipe(path, DistillConfig, arg)

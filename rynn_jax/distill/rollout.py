@@ -11,6 +11,7 @@ Per block (Self-Forcing's procedure, with the cache kept in the gradient path):
 Memory: `grad_blocks = K` rolls the first blocks out with stop-gradiented weights (no residuals are
 kept) and differentiates only the last K; `remat_blocks` keeps just the cache carry per block and
 recomputes the block in the backward pass. Frame 0 of the chunk is the reference latent (pinned).
+The steps, noise keys and pinning are `diffusion.x0_euler`'s, the functions the served step runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rynn_jax.diffusion import x0_euler
 from rynn_jax.distill.config import DMDConfig
 from rynn_jax.models import causal
 from rynn_jax.teleop.streaming import StepConfig, step_schedule
@@ -42,7 +44,6 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, stats: nnx.State, ref_b1h
         raise ValueError(f"num_frames ({num_frames}) must be a multiple of frames_per_block ({fpb})")
     num_blocks = num_frames // fpb
     timesteps_n, sigmas_n1 = step_schedule(scfg)
-    ts, sigmas = jnp.asarray(timesteps_n, jnp.float32), jnp.asarray(sigmas_n1, jnp.float32)
     n = scfg.num_steps
     exit_step = jnp.asarray(n - 1) if dcfg.last_step_only else jax.random.randint(
         jax.random.fold_in(rng, 1 << 30), (), 0, n)
@@ -58,28 +59,28 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, stats: nnx.State, ref_b1h
 
         def body(cache, xs):
             i, control_b = xs
-            key = jax.random.fold_in(rng, i)
-            pin_f = ((cache["frames"] + jnp.arange(fpb)) == 0)[None, :, None, None, None]
-            pin = lambda x: jnp.where(pin_f, ref, x)
+            key = x0_euler.fold_in(rng, i)
+            pin_f, pin = x0_euler.reference_pin(ref, cache["frames"], fpb)
             cache_sg = jax.tree.map(sg, cache)  # the no-gradient denoising steps
 
-            def velocity(model, cache_, x, t):
-                t_bf = jnp.where(pin_f[:, :, 0, 0, 0], 0.0, jnp.full((b, fpb), t))
-                return causal.forward_block(model, cache_, ccfg, pin(x), t_bf, control_b, write=False)[0]
+            def velocity(model, cache_, x, t_bf):
+                return causal.forward_block(model, cache_, ccfg, pin(x), x0_euler.pinned_t(pin_f, t_bf), control_b,
+                                            write=False)[0]
 
-            def step_x0(k, carry):  # x0-Euler step k without gradient → (re-noised x, x0)
-                x, _ = carry
-                x0 = x - sigmas[k] * velocity(model_s, cache_sg, x, ts[k])
-                eps = jax.random.normal(jax.random.fold_in(key, k + 1), x.shape, jnp.float32)
-                return (1.0 - sigmas[k + 1]) * x0 + sigmas[k + 1] * eps, x0
+            def denoise(stop):  # steps 0..stop−1 without gradient → (re-noised x, the last step's x0)
+                v_sg = lambda x, t_bf, carry: (velocity(model_s, cache_sg, x, t_bf), carry)  # noqa: E731
+                x, x0, _ = x0_euler.run(v_sg, x0_euler.block_noise(key, (b, fpb, h, w, c)), key, timesteps_n,
+                                        sigmas_n1, stop=stop)
+                return sg(x), sg(x0)
 
-            noise = jax.random.normal(jax.random.fold_in(key, 0), (b, fpb, h, w, c), jnp.float32)
             if grad_block:  # steps 0..e−1 without gradient, step e with
-                x = sg(jax.lax.fori_loop(0, exit_step, step_x0, (noise, noise))[0])
+                x, _ = denoise(exit_step)
                 exit_cache = cache if cache_grad else cut(cache)
-                x0 = pin(x - sigmas[exit_step] * velocity(model_g, exit_cache, x, ts[exit_step]))
+                t_exit = jnp.full((b, fpb), jnp.asarray(timesteps_n)[exit_step])
+                sigma_exit = jnp.asarray(sigmas_n1, jnp.float32)[exit_step]
+                x0 = pin(x0_euler.predict_x0(x, velocity(model_g, exit_cache, x, t_exit), sigma_exit))
             else:  # steps 0..e in one loop (one compiled model call); its last x0 is the sample
-                x0 = pin(sg(jax.lax.fori_loop(0, exit_step + 1, step_x0, (noise, noise))[1]))
+                x0 = pin(denoise(exit_step + 1)[1])
             t0 = jnp.zeros((b, fpb), jnp.float32)
             if cache_grad:
                 _, cache = causal.forward_block(model_g, cache, ccfg, x0, t0, control_b, write=True)

@@ -19,21 +19,35 @@ flag is set. Resampling interpolates between valid neighbours (lerp positions an
 slerp rotations) and holds the last valid sample across gaps longer than `max_gap`, after the
 last sample, and before the first one (there the output stays NaN/invalid: nothing to hold,
 and the retarget step then holds the robot).
+
+Implausible samples count as lost too: a tracker farther than `MAX_TRACKER_RANGE_M` from the
+tracking origin, a hand keypoint farther than `MAX_HAND_REACH_M` from its wrist. `check` reports
+the resampled per-frame validity masks: a warning with the counts when frames are lost, and an
+`InputError` when more than `MAX_INVALID_FRACTION` of the frames have a tracker lost or both hands
+lost — a stream that would drive a blank skeleton and a frozen robot is refused, not rendered.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from rynn_jax import errors
 from rynn_jax.kinematics import tracker
 
 FORMAT = "rynn-teleop-stream/1"
 VIDEO_FPS = 16.0        # world-model video clock (SPEC: skeleton video at 16 fps)
 CONTROL_HZ = 50.0       # policy rate (SPEC: policy at 50 Hz; arm servo at 200 Hz)
+MAX_TRACKER_RANGE_M = 5.0   # a tracker this far from the tracking origin is a glitch, not a body
+MAX_HAND_REACH_M = 0.3      # an adult hand spans ~0.2 m from the wrist
+MAX_INVALID_FRACTION = 0.5  # `check` refuses a stream with more of its frames lost than this
+
+log = logging.getLogger("rynn_jax.kinematics")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +72,7 @@ class Stream:
         ]
         for ok, msg in checks:
             if not ok:
-                raise ValueError(f"invalid stream: {msg}")
+                raise errors.InputError(f"invalid stream: {msg}")
 
     @property
     def span(self) -> tuple[float, float]:
@@ -75,16 +89,28 @@ def write(path: str | Path, s: Stream) -> None:
 
 
 def read(path: str | Path) -> Stream:
-    with np.load(path, allow_pickle=False) as z:
-        fmt = str(z["format"]) if "format" in z else "<missing>"
-        if fmt != FORMAT:
-            raise ValueError(f"{path}: expected format {FORMAT!r}, found {fmt!r}")
-        names = tuple(str(x) for x in z["tracker_names"])
-        if names != tracker.TRACKERS:
-            raise ValueError(f"{path}: tracker order {names} != {tracker.TRACKERS}")
-        return Stream(z["tracker_t"], z["tracker_pose"], z["tracker_valid"].astype(bool),
-                      z["hand_t"], z["hand_keypoints"], z["hand_valid"].astype(bool),
-                      json.loads(str(z["meta"])) if "meta" in z else {})
+    """The stream in `path`; an `InputError` naming the file when it is missing, cut, empty, not
+    a `.npz`, or lacks a key or shape of the format."""
+    if not Path(path).is_file():
+        raise errors.MissingFileError(f"{path}: no such operator stream file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("a bare .npy array, not an .npz archive")
+            fmt = str(z["format"]) if "format" in z else "<missing>"
+            if fmt != FORMAT:
+                raise ValueError(f"expected format {FORMAT!r}, found {fmt!r}")
+            names = tuple(str(x) for x in z["tracker_names"])
+            if names != tracker.TRACKERS:
+                raise ValueError(f"tracker order {names} != {tracker.TRACKERS}")
+            return Stream(z["tracker_t"], z["tracker_pose"], z["tracker_valid"].astype(bool),
+                          z["hand_t"], z["hand_keypoints"], z["hand_valid"].astype(bool),
+                          json.loads(str(z["meta"])) if "meta" in z else {})
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError, ValueError) as e:
+        reason = "empty file" if isinstance(e, EOFError) else "truncated or not a zip archive" if isinstance(
+            e, zipfile.BadZipFile) else f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise errors.InputError(f"{path}: not a readable {FORMAT} file ({reason})",
+                                fix="re-record or re-export the stream") from None
 
 
 def clock(t0: float, t1: float, hz: float) -> np.ndarray:
@@ -95,7 +121,44 @@ def clock(t0: float, t1: float, hz: float) -> np.ndarray:
 def _usable_trackers(s: Stream) -> np.ndarray:
     p = s.tracker_pose
     qn = np.linalg.norm(np.nan_to_num(p[..., 3:]), axis=-1)
-    return s.tracker_valid & np.all(np.isfinite(p), axis=-1) & (qn > 0.5) & (qn < 2.0)
+    near = np.linalg.norm(np.nan_to_num(p[..., :3], nan=np.inf), axis=-1) <= MAX_TRACKER_RANGE_M
+    return s.tracker_valid & np.all(np.isfinite(p), axis=-1) & (qn > 0.5) & (qn < 2.0) & near
+
+
+def _usable_hands(s: Stream) -> np.ndarray:
+    kp = s.hand_keypoints
+    reach = np.linalg.norm(np.nan_to_num(kp - kp[:, :, :1], nan=np.inf), axis=-1).max(-1)
+    return s.hand_valid & np.all(np.isfinite(kp), axis=(-1, -2)) & (reach <= MAX_HAND_REACH_M)
+
+
+def check(s: Stream, where: str, rs: dict[str, np.ndarray] | None = None, hz: float = VIDEO_FPS
+          ) -> dict[str, int]:
+    """Per-frame validity of `s` resampled at `hz` (or of `rs`, `resample`'s output): logs a
+    warning with the counts when frames are lost, raises `InputError` naming `where` when more
+    than MAX_INVALID_FRACTION of the frames lack a tracker or both hands. Returns the counts."""
+    if rs is None:
+        t0, t1 = s.span
+        if not t1 > t0:
+            raise errors.InputError(f"{where}: tracker and hand clocks do not overlap")
+        rs = resample(s, clock(t0, t1, hz))
+    frames = len(rs["t"])
+    counts = {"frames": frames,
+              "tracker_frames_lost": int((~rs["trackers_fresh"].all(axis=1)).sum()),
+              "hand_frames_lost": int((~rs["hands_fresh"].any(axis=1)).sum()),
+              "tracker_samples_unusable": int((~_usable_trackers(s)).sum()),
+              "hand_samples_unusable": int((~_usable_hands(s)).sum())}
+    if counts["tracker_frames_lost"] or counts["hand_frames_lost"]:
+        log.warning("%s: %d of %d frames with a tracker lost, %d with both hands lost (%d tracker and %d hand "
+                    "samples NaN, flagged invalid or implausible); lost frames hold the last pose", where,
+                    counts["tracker_frames_lost"], frames, counts["hand_frames_lost"],
+                    counts["tracker_samples_unusable"], counts["hand_samples_unusable"])
+    for what in ("tracker", "hand"):
+        lost = counts[f"{what}_frames_lost"]
+        if lost > MAX_INVALID_FRACTION * frames:
+            raise errors.InputError(
+                f"{where}: {lost} of {frames} frames have no valid {what} pose (NaN, flagged invalid or "
+                f"implausible), more than the {MAX_INVALID_FRACTION:.0%} allowed", fix="re-record the stream")
+    return counts
 
 
 def _slerp(q0: np.ndarray, q1: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -144,7 +207,7 @@ def resample(s: Stream, t_out: np.ndarray, max_gap: float = 0.1) -> dict[str, np
     """Resample both clocks to `t_out`: trackers [T,5,7], hands [T,2,21,3], and `*_fresh`
     masks (False = held or missing)."""
     ok_t = _usable_trackers(s)
-    ok_h = s.hand_valid & np.all(np.isfinite(s.hand_keypoints), axis=(-1, -2))
+    ok_h = _usable_hands(s)
     trk = np.full((len(t_out), 5, 7), np.nan)
     trk_fresh = np.zeros((len(t_out), 5), bool)
     for k in range(5):

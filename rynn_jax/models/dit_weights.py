@@ -25,19 +25,24 @@ patch Conv3d weight to (t, h, w, in, out).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from flax import nnx
 
-from rynn_jax.convert import (
+from rynn_jax.weights import (
     ConversionError,
+    Fixed,
     Rule,
     abstract_pure_params,
+    agree,
+    config_fields,
     convert_state_dict,
     open_safetensors,
+    read_config_json,
     torch_conv3d,
     torch_linear,
 )
@@ -156,13 +161,63 @@ def dit_params_from_state_dict(state_dict: Mapping[str, np.ndarray], cfg: WanDiT
     return convert_state_dict(sd, dit_rules(cfg, layout), abstract, dtype)
 
 
+# --------------------------------------------------------------------------------------------------
+# The checkpoint's config.json → WanDiTConfig (diffusers' WanTransformer3DModel, original WanModel)
+# --------------------------------------------------------------------------------------------------
+
+_CONFIG_TABLES: dict[Layout, dict[str, Any]] = {
+    "diffusers": {  # WanTransformer3DModel.__init__; dim = num_attention_heads × attention_head_dim
+        "num_layers": "num_layers", "num_attention_heads": "num_heads", "attention_head_dim": "head_dim",
+        "ffn_dim": "ffn_dim", "freq_dim": "freq_dim", "in_channels": "in_channels",
+        "out_channels": "out_channels", "text_dim": "text_dim", "patch_size": "patch_size", "eps": "eps",
+        "rope_max_seq_len": "rope_max_len", "cross_attn_norm": Fixed((True,)),
+        "qk_norm": Fixed(("rms_norm_across_heads",)), "image_dim": Fixed((None,)),
+        "added_kv_proj_dim": Fixed((None,)), "pos_embed_seq_len": Fixed((None,))},
+    "wan": {  # WanModel.__init__ of the original repo (it leaves patch_size and text_dim out of the file)
+        "num_layers": "num_layers", "num_heads": "num_heads", "dim": "dim", "ffn_dim": "ffn_dim",
+        "freq_dim": "freq_dim", "in_dim": "in_channels", "out_dim": "out_channels", "text_dim": "text_dim",
+        "text_len": "text_len", "patch_size": "patch_size", "eps": "eps", "model_type": Fixed(("t2v", "ti2v")),
+        "window_size": Fixed(((-1, -1),)), "qk_norm": Fixed((True,)), "cross_attn_norm": Fixed((True,))},
+}
+
+
+def dit_config_from_json(raw: Mapping[str, Any], base: WanDiTConfig | None = None,
+                         source: str = "config.json") -> WanDiTConfig:
+    """The architecture a checkpoint's config.json states — diffusers' WanTransformer3DModel or the
+    original Wan repo's WanModel, told apart by their keys — as our config. What the file does not
+    state (compute dtype, control branch, a diffusers file's text_len, ...) comes from `base`
+    (default: TI2V-5B)."""
+    layout: Layout = "diffusers" if "num_attention_heads" in raw else "wan"
+    fields = config_fields(raw, _CONFIG_TABLES[layout], source)
+    if "head_dim" in fields:
+        fields["dim"] = fields.pop("head_dim") * fields["num_heads"]
+    return dataclasses.replace(base or WanDiTConfig.ti2v_5b(), **fields)
+
+
+def checkpoint_dit_config(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None) -> WanDiTConfig:
+    """The config to load an official checkpoint with: its own config.json's (beside the weights,
+    or in a pipeline's `transformer/`) if it has one — checked against `cfg` when both are given —
+    else `cfg`, else TI2V-5B."""
+    root = _weights_path(path)
+    root = root if os.path.isdir(root) else os.path.dirname(os.path.abspath(root))
+    raw = read_config_json(root)
+    if raw is None or raw.get("_class_name", "WanModel") not in ("WanModel", "WanTransformer3DModel"):
+        return cfg or WanDiTConfig.ti2v_5b()  # no config.json, or one describing another model
+    source = os.path.join(root, "config.json")
+    found = dit_config_from_json(raw, cfg, source)
+    return found if cfg is None else agree(cfg, found, source)
+
+
+def _weights_path(path: str | os.PathLike[str]) -> str:
+    """A checkpoint's weights: `path`, or a diffusers pipeline's `transformer/` subfolder."""
+    path = os.fspath(path)
+    return os.path.join(path, "transformer") if os.path.isdir(os.path.join(path, "transformer")) else path
+
+
 def load_dit_checkpoint(path: str | os.PathLike[str], cfg: WanDiTConfig, dtype=None) -> dict:
     """Read an official DiT checkpoint: a safetensors file, a sharded index, a directory with either,
     or a diffusers pipeline directory (its `transformer/` subfolder is used)."""
-    path = os.fspath(path)
-    if os.path.isdir(os.path.join(path, "transformer")):
-        path = os.path.join(path, "transformer")
-    return dit_params_from_state_dict(open_safetensors(path), cfg, dtype=dtype)
+    return dit_params_from_state_dict(open_safetensors(_weights_path(path)), cfg, dtype=dtype)
 
 
 def with_control_stats(params: dict, cfg: WanDiTConfig, stats: str | os.PathLike[str] | None) -> dict:
@@ -182,8 +237,9 @@ def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtyp
              stats: str | os.PathLike[str] | None = None):
     """`from_pretrained` for the DiT. `path` is either a directory our converter (or
     training.export_weights) wrote (orbax params + config.json, and control.STATS_FILE for a trained
-    add-plus model; fast) or an official safetensors checkpoint in Wan or diffusers layout (then
-    `cfg` says which architecture; default TI2V-5B). `stats` names a control statistics record to
+    add-plus model; fast) or an official safetensors checkpoint in Wan or diffusers layout (its
+    architecture from its own config.json when it has one, `checkpoint_dit_config`; `cfg` then adds
+    what the file does not say, e.g. the control branch). `stats` names a control statistics record to
     use (default: the converted directory's own, if any). Returns a `WanDiT`."""
     from rynn_jax import checkpoints
     from rynn_jax.models.dit import dit_from_params
@@ -196,5 +252,5 @@ def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtyp
         params = checkpoints.restore_params(path, abstract, dtype)
         own = control.stats_file_of(path) if saved.control == "add-plus" else None
         return dit_from_params(saved, with_control_stats(params, saved, stats if stats is not None else own))
-    cfg = cfg or WanDiTConfig.ti2v_5b()
+    cfg = checkpoint_dit_config(path, cfg)
     return dit_from_params(cfg, with_control_stats(load_dit_checkpoint(path, cfg, dtype), cfg, stats))

@@ -25,6 +25,8 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from rynn_jax.weights import flatten_params, unflatten_params
+
 if TYPE_CHECKING:
     from rynn_jax.models.dit import WanDiT, WanDiTConfig
 
@@ -134,7 +136,6 @@ def quantize_dit(model: WanDiT) -> WanDiT:
     """The FP8 serving model for a float model: same config with fp8=True, every Fp8Linear's kernel
     and kernel_scale from quantizing the source kernel (all stacked layers at once), every other
     variable the source's array unchanged (shared, so bit-exact)."""
-    from rynn_jax.convert import flatten_params, unflatten_params
     from rynn_jax.models import build
     from rynn_jax.models.dit import WanDiT
 
@@ -248,7 +249,6 @@ SCALES_FORMAT = "rynn_jax.fp8_static_scales/1"  # safetensors metadata "format" 
 def static_scales(model: WanDiT) -> dict[str, np.ndarray]:
     """A static-scale model's activation scales by dotted name ('blocks.ffn_up.input_scale', each
     (layers, 1) float32): what `save_scales` writes and `with_static_scales` takes."""
-    from rynn_jax.convert import flatten_params
 
     if model.cfg.fp8_activations != "static" or isinstance(model.blocks, nnx.List):
         raise ValueError("static_scales: expects a stacked-layer model with static activation scales (calibrate's output)")
@@ -260,7 +260,6 @@ def with_static_scales(model: WanDiT, scales: dict[str, Any]) -> WanDiT:
     """The per-token FP8 model (`quantize_dit`'s output, stacked layers) with the given activation
     scales: same weights, cfg.fp8_activations="static". Every FP8 linear needs its scale, with the
     model's (layers, 1) shape, finite and > 0; anything else is an error that names the entry."""
-    from rynn_jax.convert import flatten_params, unflatten_params
     from rynn_jax.models import build
     from rynn_jax.models.dit import WanDiT
 

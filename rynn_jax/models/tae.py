@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rynn_jax.convert import (
+from rynn_jax.weights import (
     ConversionError,
     Rule,
     abstract_pure_params,

@@ -10,7 +10,7 @@ default: ≈ 49–50 ms; docs/PERFORMANCE.md).
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, latent_batches)  # any conv_impl; fold2d runs anywhere
     served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
     vae_fp8.save_scales("vae_fp8_scales.safetensors", scales); vae_fp8.load_scales(...)
-    served = vae_fp8.load_static(model, "vae_fp8_scales.safetensors")  # kernel_fp8 on Hopper, else emulated
+    served = vae_fp8.load_static(model, "vae_fp8_scales.safetensors")  # kernel_fp8 on Hopper (see serving_conv_impl)
 
 From the command line: `python serve.py calibrate-vae-fp8 --vae DIR --latents SHARDS --out FILE`
 (pre-encoded latents of real clips), then `serve.py demo --vae DIR --vae-fp8-scales FILE ...`.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -37,6 +38,9 @@ from tqdm import tqdm
 from rynn_jax.models import conv_kernel as ck
 from rynn_jax.models import fp8 as fp8_lib
 from rynn_jax.models import vae as V
+from rynn_jax.weights import flatten_params, unflatten_params
+
+_log = logging.getLogger(__name__)
 
 SCALES_FORMAT = "rynn_jax.vae_fp8_scales/1"  # safetensors metadata "format" of a VAE scales file
 
@@ -55,7 +59,6 @@ def decode_clip(model: V.WanVAE, latents: jax.Array) -> jax.Array:
 def _scale_paths(cfg: V.WanVAEConfig) -> dict[str, tuple]:
     """Dotted name → path of every input scale a static-scale VAE of this config has: one per conv
     the FP8 kernel takes (vae._fp8_state decides)."""
-    from rynn_jax.convert import flatten_params
 
     static = dataclasses.replace(cfg, conv_impl="kernel_fp8", conv_fp8_scales="static")
     paths = flatten_params(nnx.to_pure_dict(nnx.state(V.abstract_vae(static))), str_keys=False)
@@ -122,7 +125,6 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
     "kernel_fp8" (serving, Hopper GPUs) or "emulate_fp8" (the same numerics by XLA, any backend).
     Every kernel conv needs its scale, (1,), finite and > 0; anything else is an error naming the
     entry."""
-    from rynn_jax.convert import flatten_params, unflatten_params
 
     if conv_impl not in V.FP8_CONV_IMPLS:
         raise ValueError(f"with_static_scales: conv_impl must be one of {V.FP8_CONV_IMPLS}, got {conv_impl!r}")
@@ -145,18 +147,40 @@ def with_static_scales(model: V.WanVAE, scales: dict[str, Any], *, conv_impl: st
     return V.vae_from_params(cfg, unflatten_params(values))
 
 
-def serving_conv_impl() -> str:
-    """"kernel_fp8" on a Hopper GPU (the kernel's wgmma/TMA need compute capability 9.x), else
-    "emulate_fp8": the same numbers computed by XLA (slow; for checking on other machines)."""
+def _hopper() -> bool:
+    """The FP8 conv kernel's wgmma/TMA need a GPU of compute capability 9.x."""
     device = jax.devices()[0]
-    hopper = device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9")
-    return "kernel_fp8" if hopper else "emulate_fp8"
+    return device.platform == "gpu" and str(getattr(device, "compute_capability", "")).startswith("9")
+
+
+def fp8_conv_impl() -> str:
+    """The FP8 convs' numbers: "kernel_fp8" on a Hopper GPU, else "emulate_fp8" (computed by XLA;
+    slow, to measure or check an FP8 decoder anywhere)."""
+    return "kernel_fp8" if _hopper() else "emulate_fp8"
+
+
+def serving_conv_impl() -> str:
+    """What a decoder with static scales is served with: "kernel_fp8" on a Hopper GPU; on another
+    GPU the kernel cannot run and its emulation is slower than the float convs, so "fold2d" (XLA's
+    convs, the scales unused); on a CPU (tests, checks) "emulate_fp8", the FP8 numbers."""
+    if _hopper():
+        return "kernel_fp8"
+    return "fold2d" if jax.devices()[0].platform == "gpu" else "emulate_fp8"
 
 
 def load_static(model: V.WanVAE, path: str) -> V.WanVAE:
     """`model` served with the static scales in `path` (`save_scales`; `serve.py calibrate-vae-fp8`),
-    through the FP8 kernel where it runs (`serving_conv_impl`)."""
-    return with_static_scales(model, load_scales(path), conv_impl=serving_conv_impl())
+    through the FP8 kernel where it runs (`serving_conv_impl`); where it does not (a non-Hopper
+    GPU), `model` itself, with its XLA convs, said in the log."""
+    scales, impl = load_scales(path), serving_conv_impl()
+    if impl not in V.FP8_CONV_IMPLS:
+        if set(scales) != set(_scale_paths(model.cfg)):
+            raise ValueError(f"{path}: scales do not fit this VAE")
+        _log.warning("VAE FP8 scales %s unused: the FP8 conv kernel needs a Hopper GPU (compute capability 9.x), "
+                     "and emulating it would be slower than the float decoder this serves instead (conv_impl=%s)",
+                     path, model.cfg.conv_impl)
+        return model
+    return with_static_scales(model, scales, conv_impl=impl)
 
 
 def save_scales(path: str, scales: dict[str, np.ndarray], **info: str) -> None:

@@ -29,17 +29,19 @@ Conv2d of attention (O,I,1,1) → (I,O); RMS-norm gamma (C,1,1[,1]) → (C,).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
-from collections.abc import Callable, Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
 import numpy as np
 from flax import nnx
 
-from rynn_jax.convert import (ConversionError, Rule, abstract_pure_params, convert_state_dict,
-                              flatten_params, open_safetensors, torch_conv2d, torch_conv3d)
+from rynn_jax.weights import (ConversionError, Fixed, Rule, abstract_pure_params, agree, config_fields,
+                              convert_state_dict, flatten_params, open_safetensors, read_config_json,
+                              torch_conv2d, torch_conv3d)
 from rynn_jax.models.vae import WanVAE, WanVAEConfig, abstract_vae, vae_from_params
 from rynn_jax.torch_pickle import read_torch_checkpoint
 
@@ -173,6 +175,60 @@ def detect_vae_layout(keys: Iterable[str]) -> Layout:
 # --------------------------------------------------------------------------------------------------
 
 
+# diffusers' AutoencoderKLWan.__init__ keys → our fields ("_…": derived, checked below). The
+# original repo ships its VAE as a bare pickle (Wan2.2_VAE.pth) with no config file.
+_CONFIG_TABLE: dict[str, Any] = {
+    "base_dim": "base_dim", "decoder_base_dim": "decoder_base_dim", "z_dim": "z_dim", "dim_mult": "dim_mult",
+    "num_res_blocks": "num_res_blocks", "temperal_downsample": "temporal_downsample",  # (diffusers' spelling)
+    "latents_mean": "latents_mean", "latents_std": "latents_std", "patch_size": "patch_size",
+    "in_channels": "_in_channels", "out_channels": "_out_channels",
+    "scale_factor_temporal": "_scale_factor_temporal", "scale_factor_spatial": "_scale_factor_spatial",
+    "attn_scales": Fixed(((),)), "is_residual": Fixed((True,)), "dropout": Fixed((0.0,)),
+}
+
+
+def vae_config_from_json(raw: Mapping[str, Any], base: WanVAEConfig | None = None,
+                         source: str = "config.json") -> WanVAEConfig:
+    """The architecture a diffusers AutoencoderKLWan config.json states, as our config; what it
+    does not state (compute dtype, conv implementation, ...) comes from `base` (default: Wan2.2)."""
+    fields = config_fields(raw, _CONFIG_TABLE, source)
+    base = base or WanVAEConfig.wan22()
+    if fields.get("decoder_base_dim", 0) is None:  # diffusers: the encoder's width
+        fields["decoder_base_dim"] = fields.get("base_dim", base.base_dim)
+    if fields.get("patch_size", 1) is None:
+        raise ConversionError(f"{source}: patch_size=None (the Wan2.1 VAE) is not supported; rynn-jax "
+                              "implements the patchified Wan2.2 VAE")
+    derived = {k: fields.pop(k) for k in list(fields) if k.startswith("_")}
+    p = fields.get("patch_size", base.patch_size)
+    channels = {derived.get(k, base.patch_channels) for k in ("_in_channels", "_out_channels")}
+    if len(channels) > 1 or next(iter(channels)) % (p * p):
+        raise ConversionError(f"{source}: in/out_channels {sorted(channels)} must be equal and 3·patch_size² "
+                              f"(patch_size {p})")
+    cfg = dataclasses.replace(base, **fields, image_channels=next(iter(channels)) // (p * p))
+    for key, have in (("_scale_factor_temporal", cfg.temporal_stride), ("_scale_factor_spatial", cfg.spatial_stride)):
+        if derived.get(key, have) not in (None, have):
+            raise ConversionError(f"{source}: {key[1:]}={derived[key]} does not match the architecture's "
+                                  f"stride {have}")
+    return cfg
+
+
+def checkpoint_vae_config(path: str | os.PathLike[str], cfg: WanVAEConfig | None = None) -> WanVAEConfig:
+    """The config to load an official VAE checkpoint with: its diffusers config.json's (beside the
+    safetensors, or in a pipeline's `vae/`) if it has one — checked against `cfg` when both are
+    given — else `cfg`, else Wan2.2."""
+    path = os.fspath(path)
+    if path.endswith(_TORCH_SUFFIXES):
+        return cfg or WanVAEConfig.wan22()
+    root = os.path.join(path, "vae") if os.path.isdir(os.path.join(path, "vae")) else path
+    root = root if os.path.isdir(root) else os.path.dirname(os.path.abspath(root))
+    raw = read_config_json(root)
+    if raw is None or raw.get("_class_name", "AutoencoderKLWan") != "AutoencoderKLWan":
+        return cfg or WanVAEConfig.wan22()  # no config.json, or one describing another model
+    source = os.path.join(root, "config.json")
+    found = vae_config_from_json(raw, cfg, source)
+    return found if cfg is None else agree(cfg, found, source)
+
+
 def read_vae_state_dict(path: str | os.PathLike[str]):
     """Open a VAE checkpoint: a torch pickle (.pth …), a .safetensors file, or a directory (a
     diffusers pipeline root with `vae/`, or the `vae/` folder itself)."""
@@ -195,7 +251,8 @@ def load_vae_checkpoint(path: str | os.PathLike[str], cfg: WanVAEConfig, dtype=N
 def load_vae(path: str | os.PathLike[str], cfg: WanVAEConfig | None = None, dtype=None,
              layout: Layout | None = None) -> WanVAE:
     """`from_pretrained` for the VAE: a directory our converter wrote (orbax params + config.json;
-    fast), or an official checkpoint (`Wan2.2_VAE.pth`, diffusers safetensors or pipeline dir).
+    fast), or an official checkpoint (`Wan2.2_VAE.pth`, diffusers safetensors or pipeline dir; a
+    diffusers one's architecture from its config.json, `checkpoint_vae_config`).
 
     `dtype` casts every parameter (None: cfg.param_dtype). Errors name the offending key.
     """
@@ -206,5 +263,5 @@ def load_vae(path: str | os.PathLike[str], cfg: WanVAEConfig | None = None, dtyp
         if cfg is not None and cfg != saved:
             raise ValueError(f"{path} was converted for {saved}, not {cfg}")
         return vae_from_params(saved, checkpoints.restore_params(path, abstract_params(saved), dtype))
-    cfg = cfg or WanVAEConfig.wan22()
+    cfg = checkpoint_vae_config(path, cfg)
     return vae_from_params(cfg, load_vae_checkpoint(path, cfg, dtype, layout))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rynn_jax import errors
 from rynn_jax.sim import scenes
 
 
@@ -167,12 +168,12 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rynn_jax.sim.cli", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="write N successful episodes per task as robot shards")
+    ap = errors.ArgumentParser(prog="python -m rynn_jax.sim.cli", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=errors.ArgumentParser)
+    g = sub.add_parser("generate", help="write N successful episodes per task as robot shards", description=__doc__)
     g.add_argument("--task", default="all", help=f"one of {', '.join(scenes.TASKS)}, a comma list, or 'all'")
     g.add_argument("--n", type=int, required=True, help="successful episodes per task")
-    g.add_argument("--out", required=True)
+    g.add_argument("--out", required=True, help="output root (created; re-run to resume)")
     g.add_argument("--workers", type=int, default=1, help="worker processes (0/1: in this process)")
     g.add_argument("--resolution", default="tiny",
                    help="tiny 64×112 (tests), small 240×416, full 480×832, or HxW (e.g. 128x224)")
@@ -185,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_resolution(a.resolution)
     except ValueError as e:
-        ap.error(str(e))
+        raise errors.UsageError(f"--resolution {a.resolution}: {e}") from None
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
         if t not in scenes.TASKS:
-            ap.error(f"unknown task {t!r}; choose from {scenes.TASKS}")
+            raise errors.UsageError(f"--task {t}: unknown", fix=f"choose from {', '.join(scenes.TASKS)} or all")
+    if a.n < 1 or a.workers < 0 or (a.frames is not None and a.frames < 2) or \
+            (a.max_attempts is not None and a.max_attempts < 1):
+        raise errors.UsageError(f"--n {a.n}, --workers {a.workers}, --frames {a.frames}, --max-attempts "
+                                f"{a.max_attempts}: need n ≥ 1, workers ≥ 0, frames ≥ 2, max-attempts ≥ 1")
+    errors.writable_dir(a.out, "--out")
     summary = generate(tasks, a.n, a.out, workers=a.workers, resolution=a.resolution, frames=a.frames,
                        seed=a.seed, shadows=a.shadows, max_attempts=a.max_attempts)
     print(json.dumps(summary, indent=1))
@@ -201,4 +207,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(errors.run(main))

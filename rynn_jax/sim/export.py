@@ -22,18 +22,16 @@ is always whole (resumable generation relies on this).
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rynn_jax.atomic import atomic_dir
 from rynn_jax.data import robot as robot_data
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.render.preview import save_video
@@ -46,20 +44,6 @@ DEPTH_FILE, FLOW_FILE, SEG_FILE = "depth.npz", "flow.npz", "segmentation.npz"
 
 def episode_dir(root: str | os.PathLike, task: str, attempt: int) -> Path:
     return Path(root) / task / f"episode_{attempt:06d}"
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield an empty `<final>.tmp` to fill; when the block ends without an error it replaces
-    `final`, so a directory without the suffix is always whole."""
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    yield tmp
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
 
 
 def vectors(x: np.ndarray) -> pa.Array:

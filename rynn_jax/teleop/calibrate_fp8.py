@@ -23,13 +23,14 @@ does the same for the VAE decoder's FP8 convs (`models/vae_fp8.py`: H200 decode 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from rynn_jax import errors
+from rynn_jax.atomic import atomic_file
 from rynn_jax.models.dit import WanDiTConfig
 
 
@@ -42,14 +43,14 @@ def read_clips(latent_dir: str, limit: int) -> list[dict[str, np.ndarray]]:
 
     paths = shards_lib.list_shards(latent_dir)
     if not paths:
-        raise ValueError(f"{latent_dir}: no latent shards (*-of-*{shards_lib.SHARD_SUFFIX}; "
+        raise errors.InputError(f"{latent_dir}: no latent shards (*-of-*{shards_lib.SHARD_SUFFIX}; "
                          "write them with python -m rynn_jax.data.preencode)")
     clips: list[dict[str, np.ndarray]] = []
     for path in paths:
         try:
             clips += shards_lib.read_shard(path)
         except Exception as e:  # ArrayRecord and np.load raise several types for a damaged file
-            raise ValueError(f"{path}: cannot read latent shard ({type(e).__name__}: {e})") from e
+            raise errors.InputError(f"{path}: cannot read latent shard ({type(e).__name__}: {e})") from e
         if len(clips) >= limit:
             break
     return clips[:limit]
@@ -63,16 +64,16 @@ def calibration_batches(clips: Iterable[dict[str, np.ndarray]], cfg: WanDiTConfi
     for i, rec in enumerate(clips):
         missing = {"video_latents", "control_video_latents", "text_embedding"} - set(rec)
         if missing:
-            raise ValueError(f"clip {i}: record lacks {sorted(missing)} (not a preencode latent record?)")
+            raise errors.InputError(f"clip {i}: record lacks {sorted(missing)} (not a preencode latent record?)")
         x0, ctrl = (np.asarray(rec[k], np.float32) for k in ("video_latents", "control_video_latents"))
         emb = np.asarray(rec["text_embedding"], np.float32)
         if x0.ndim != 4 or x0.shape[-1] != cfg.in_channels or ctrl.shape[:3] != x0.shape[:3]:
-            raise ValueError(f"clip {i}: latents {x0.shape} / control {ctrl.shape} do not fit a DiT with "
+            raise errors.InputError(f"clip {i}: latents {x0.shape} / control {ctrl.shape} do not fit a DiT with "
                              f"{cfg.in_channels} input channels")
         if x0.shape[0] < frames:
-            raise ValueError(f"clip {i}: {x0.shape[0]} latent frames, a block needs {frames}")
+            raise errors.InputError(f"clip {i}: {x0.shape[0]} latent frames, a block needs {frames}")
         if emb.ndim != 2 or emb.shape[1] != cfg.text_dim:
-            raise ValueError(f"clip {i}: text embedding {emb.shape}, the DiT takes (S, {cfg.text_dim})")
+            raise errors.InputError(f"clip {i}: text embedding {emb.shape}, the DiT takes (S, {cfg.text_dim})")
         text = np.zeros((1, cfg.text_len, cfg.text_dim), np.float32)
         text[0, :min(cfg.text_len, len(emb))] = emb[:cfg.text_len]
         start = int(rng.integers(0, x0.shape[0] - frames + 1))
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rynn_jax.models.causal import CausalConfig
     from rynn_jax.teleop.demo import build_dit
 
-    p = argparse.ArgumentParser(prog="python serve.py calibrate-fp8", description=__doc__.splitlines()[0])
+    p = errors.ArgumentParser(prog="python serve.py calibrate-fp8", description=__doc__)
     p.add_argument("--latents", required=True, help="directory of latent shards (rynn_jax.data.preencode)")
     p.add_argument("--out", required=True, help="scales file to write (.safetensors)")
     p.add_argument("--dit", default=None, help="converted DiT directory or official checkpoint (default: the "
@@ -123,10 +124,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="window and noise draws (and the tiny model's init)")
     a = p.parse_args(argv)
     if a.clips < 1:
-        p.error("--clips must be ≥ 1")
-
+        raise errors.UsageError(f"--clips {a.clips}: must be ≥ 1")
+    errors.existing(a.latents, "--latents", kind="directory")
+    if a.dit is not None:
+        errors.existing(a.dit, "--dit")
+    errors.writable_dir(os.path.dirname(os.path.abspath(a.out)), "--out")
+    clips = read_clips(a.latents, a.clips)  # before the model: a bad shard fails fast
     dit = build_dit(a.dit, a.seed)
-    clips = read_clips(a.latents, a.clips)
     timesteps = calibration_timesteps()
     frames = CausalConfig().frames_per_block
     batches = list(calibration_batches(clips, dit.cfg, frames=frames, timesteps=timesteps, seed=a.seed))
@@ -135,9 +139,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     rel = fp8_distance(dit, quantized, static, batches[1])  # per-token vs static, on one calibration batch
 
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    fp8.save_scales(a.out, static, clips=str(len(clips)), timesteps=json.dumps(timesteps), margin=str(a.margin),
-                    latents=os.path.basename(os.path.normpath(a.latents)))
+    with atomic_file(a.out) as tmp:
+        fp8.save_scales(tmp, static, clips=str(len(clips)), timesteps=json.dumps(timesteps), margin=str(a.margin),
+                        latents=os.path.basename(os.path.normpath(a.latents)))
     summary = dict(out=os.path.abspath(a.out), clips=len(clips), batches=len(batches), timesteps=timesteps,
                    margin=a.margin, rel_l2_vs_float_on_one_batch=rel)
     print(json.dumps(summary, indent=1))
@@ -151,14 +155,14 @@ def vae_calibration_batches(clips: Iterable[dict[str, np.ndarray]], z_dim: int, 
     rng = np.random.default_rng(seed)
     for i, rec in enumerate(clips):
         if "video_latents" not in rec:
-            raise ValueError(f"clip {i}: record lacks 'video_latents' (not a preencode latent record?)")
+            raise errors.InputError(f"clip {i}: record lacks 'video_latents' (not a preencode latent record?)")
         x0 = np.asarray(rec["video_latents"], np.float32)
         if x0.ndim != 4 or x0.shape[-1] != z_dim:
-            raise ValueError(f"clip {i}: latents {x0.shape} do not fit a VAE with {z_dim} latent channels")
+            raise errors.InputError(f"clip {i}: latents {x0.shape} do not fit a VAE with {z_dim} latent channels")
         if x0.shape[0] < frames:
-            raise ValueError(f"clip {i}: {x0.shape[0]} latent frames, fewer than --frames {frames}")
+            raise errors.InputError(f"clip {i}: {x0.shape[0]} latent frames, fewer than --frames {frames}")
         if not np.isfinite(x0).all():
-            raise ValueError(f"clip {i}: non-finite latents")
+            raise errors.InputError(f"clip {i}: non-finite latents")
         start = int(rng.integers(0, x0.shape[0] - frames + 1))
         yield x0[None, start:start + frames]
 
@@ -175,8 +179,8 @@ def main_vae(argv: list[str] | None = None) -> dict:
     from rynn_jax.models import vae_fp8
     from rynn_jax.models.vae_weights import load_vae
 
-    p = argparse.ArgumentParser(prog="python serve.py calibrate-vae-fp8",
-                                description="Static FP8 activation scales for the VAE decoder's convs")
+    p = errors.ArgumentParser(prog="python serve.py calibrate-vae-fp8",
+                              description="Static FP8 activation scales for the VAE decoder's convs")
     p.add_argument("--latents", required=True, help="directory of latent shards (rynn_jax.data.preencode)")
     p.add_argument("--vae", required=True, help="converted VAE directory or official checkpoint")
     p.add_argument("--out", required=True, help="scales file to write (.safetensors)")
@@ -186,10 +190,12 @@ def main_vae(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="window draws")
     a = p.parse_args(argv)
     if a.clips < 1 or a.frames < 1:
-        p.error("--clips and --frames must be ≥ 1")
-
+        raise errors.UsageError(f"--clips {a.clips} / --frames {a.frames}: must be ≥ 1")
+    errors.existing(a.latents, "--latents", kind="directory")
+    errors.existing(a.vae, "--vae")
+    errors.writable_dir(os.path.dirname(os.path.abspath(a.out)), "--out")
+    clips = read_clips(a.latents, a.clips)  # before the model: a bad shard fails fast
     vae = load_vae(a.vae)
-    clips = read_clips(a.latents, a.clips)
     batches = list(vae_calibration_batches(clips, vae.cfg.z_dim, frames=a.frames, seed=a.seed))
     scales = vae_fp8.calibrate(vae, vae_fp8.decode_clip, batches, margin=a.margin)
 
@@ -200,13 +206,13 @@ def main_vae(argv: list[str] | None = None) -> dict:
         return np.asarray(jax.jit(functools.partial(vae_lib.decode, graphdef))(params, z), np.float64)
 
     z = jnp.asarray(batches[0])
-    served = vae_fp8.with_static_scales(vae, scales, conv_impl=vae_fp8.serving_conv_impl())
+    served = vae_fp8.with_static_scales(vae, scales, conv_impl=vae_fp8.fp8_conv_impl())
     ref, got = decoded(vae), decoded(served)
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    vae_fp8.save_scales(a.out, scales, clips=str(len(clips)), frames=str(a.frames), margin=str(a.margin),
-                        latents=os.path.basename(os.path.normpath(a.latents)))
+    with atomic_file(a.out) as tmp:
+        vae_fp8.save_scales(tmp, scales, clips=str(len(clips)), frames=str(a.frames), margin=str(a.margin),
+                            latents=os.path.basename(os.path.normpath(a.latents)))
     summary = dict(out=os.path.abspath(a.out), clips=len(clips), frames=a.frames, convs=len(scales),
                    margin=a.margin, conv_impl=served.cfg.conv_impl, rel_l2_vs_float_on_one_window=rel)
     print(json.dumps(summary, indent=1))

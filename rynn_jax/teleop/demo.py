@@ -22,6 +22,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from rynn_jax import compile_cache
+from rynn_jax import compile_cache, errors
+from rynn_jax.atomic import staged_files
 from rynn_jax.kinematics import streams
 from rynn_jax.kinematics.layout import ACTION_NAMES
 from rynn_jax.kinematics.cli import retarget_stream
@@ -46,6 +48,42 @@ from rynn_jax.text import empty_context, load_text_context
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "sample"
 STREAM_FILE, IMAGE_FILE = "operator_stream.npz", "reference.png"
+PIXEL_MULTIPLE = 32  # height and width: the VAE's 16× spatial downsampling × the DiT's 2×2 patches
+
+
+def check_resolution(height: int, width: int, flag: str = "--resolution") -> None:
+    if height < 1 or width < 1 or height % PIXEL_MULTIPLE or width % PIXEL_MULTIPLE:
+        near = lambda n: max(PIXEL_MULTIPLE, round(n / PIXEL_MULTIPLE) * PIXEL_MULTIPLE)  # noqa: E731
+        raise errors.UsageError(f"{flag} {height}x{width}: height and width must be multiples of {PIXEL_MULTIPLE} "
+                                "(the VAE's 16x downsampling times the DiT's 2x2 patches)",
+                                fix=f"e.g. {flag} {near(height)}x{near(width)}")
+
+
+def check_model_flags(*, dit: str | None, vae: str | None, fp8: bool = False, fp8_scales: str | None = None,
+                      vae_fp8_scales: str | None = None, tae: str | None = None, text: str | None = None) -> None:
+    """The weight flags the demo and `generate` share: consistent, and their files there."""
+    if (dit is None) != (vae is None):
+        raise errors.UsageError("--dit / --vae: give both, or neither (tiny random models)")
+    if fp8_scales is not None and not fp8:
+        raise errors.UsageError("--fp8-scales needs --fp8")
+    if vae_fp8_scales is not None and vae is None:
+        raise errors.UsageError("--vae-fp8-scales needs --vae (the demo's tiny VAE has no convs the FP8 kernel takes)")
+    for flag, path in (("--dit", dit), ("--vae", vae), ("--fp8-scales", fp8_scales),
+                       ("--vae-fp8-scales", vae_fp8_scales), ("--tae", tae), ("--text", text)):
+        if path is not None:
+            errors.existing(path, flag)
+
+
+def read_reference(path: Path) -> np.ndarray:
+    """A reference picture as (H, W, 3) uint8; an InputError naming the file otherwise."""
+    errors.existing(path, "reference image", kind="file")
+    try:
+        image = read_png(path)
+    except Exception as e:  # imageio raises many types for a file that is not a picture
+        raise errors.InputError(f"{path}: not a readable image ({type(e).__name__})") from None
+    if image.ndim != 3 or image.shape[-1] != 3:
+        raise errors.InputError(f"{path}: an RGB picture is needed, got shape {image.shape}")
+    return image
 
 
 def reference_scene(height: int = 480, width: int = 832, seed: int = 0) -> np.ndarray:
@@ -85,12 +123,7 @@ def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: b
     quantized to FP8 (`models.fp8.quantize_dit`; serving only); `fp8_scales`: with the static
     activation scales of this file (`serve.py calibrate-fp8`). `vae_fp8_scales`: the VAE decoder's
     convs in FP8 with these static scales (`serve.py calibrate-vae-fp8`; `vae_fp8.load_static`)."""
-    if (dit_dir is None) != (vae_dir is None):
-        raise ValueError("give both --dit and --vae, or neither (tiny random models)")
-    if fp8_scales is not None and not fp8:
-        raise ValueError("--fp8-scales needs --fp8")
-    if vae_fp8_scales is not None and vae_dir is None:
-        raise ValueError("--vae-fp8-scales needs --vae (the demo's tiny VAE has no convs the FP8 kernel takes)")
+    check_model_flags(dit=dit_dir, vae=vae_dir, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     dit = build_dit(dit_dir, seed)
     vae = load_vae(vae_dir) if vae_dir is not None else init_vae(WanVAEConfig.tiny(), seed)
     if fp8:
@@ -138,10 +171,27 @@ def serving_session(dit_model, vae_model, *, decoder=None, unroll_layers: bool =
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
-        fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> dict:
-    if (num_frames - 1) % 4:
-        raise ValueError(f"--frames must be 1 + 4k (the VAE's temporal stride), got {num_frames}")
-    out.mkdir(parents=True, exist_ok=True)
+        fp8_scales: str | None = None, vae_fp8_scales: str | None = None,
+        resolution: tuple[int, int] | None = None) -> dict:
+    """`resolution` (H, W): the reference picture is resized and centre-cropped to it (as
+    `serve.py generate` does); default: the picture's own size. Every input is read and checked
+    before a model is built; the outputs appear together at the end (nothing on a failure)."""
+    if num_frames < 1 or (num_frames - 1) % 4:
+        raise errors.UsageError(f"--frames {num_frames}: must be 1 + 4k (the VAE's temporal stride)",
+                                fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
+    check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, text=text)
+    errors.existing(sample_dir, "--sample", kind="directory")
+    stream = streams.read(sample_dir / STREAM_FILE)
+    streams.check(stream, str(sample_dir / STREAM_FILE))
+    reference = read_reference(sample_dir / IMAGE_FILE)
+    t_video = video_times(stream, num_frames)
+    height, width = resolution or reference.shape[:2]
+    check_resolution(height, width, "--resolution" if resolution else f"{sample_dir / IMAGE_FILE}: size")
+    errors.writable_dir(out, "--out")
+    if (height, width) != reference.shape[:2]:
+        from rynn_jax.teleop.generate import fit_image
+
+        reference = fit_image(reference, height, width)
     timings: dict[str, float] = {}
     bar = tqdm(total=5, desc="digital teleop", unit="stage")
 
@@ -154,10 +204,6 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
         bar.update()
 
     stage("load")
-    stream = streams.read(sample_dir / STREAM_FILE)
-    reference = read_png(sample_dir / IMAGE_FILE)
-    height, width = reference.shape[:2]
-    t_video = video_times(stream, num_frames)
     model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
@@ -170,7 +216,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     done("skeleton")
 
     stage("retarget")
-    retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
+    retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS, where=str(sample_dir / STREAM_FILE))
     actions = retargeted["actions"][:num_frames]
     done("retarget")
 
@@ -180,13 +226,6 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     done("world model")
 
     stage("write")
-    save_video(out / "skeleton.mp4", skeleton, fps=int(streams.VIDEO_FPS))
-    save_video(out / "generated.mp4", video, fps=int(streams.VIDEO_FPS))
-    save_video(out / "side_by_side.mp4", np.concatenate([skeleton, video], axis=2), fps=int(streams.VIDEO_FPS))
-    np.savez_compressed(out / "episode.npz", frames=video, actions=actions, t=t_video,
-                        action_names=retargeted["action_names"], skeleton=skeleton)
-    done("write")
-    bar.close()
     summary = {
         "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
         "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
@@ -194,9 +233,17 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
         "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
         "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
         "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
+        "layout": "side_by_side.mp4 = generated | skeleton",
     }
-    with open(out / "summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
+    with staged_files(out) as tmp:
+        save_video(tmp / "skeleton.mp4", skeleton, fps=int(streams.VIDEO_FPS))
+        save_video(tmp / "generated.mp4", video, fps=int(streams.VIDEO_FPS))
+        save_video(tmp / "side_by_side.mp4", np.concatenate([video, skeleton], axis=2), fps=int(streams.VIDEO_FPS))
+        np.savez_compressed(tmp / "episode.npz", frames=video, actions=actions, t=t_video,
+                            action_names=retargeted["action_names"], skeleton=skeleton)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+    done("write")
+    bar.close()
     return summary
 
 
@@ -208,12 +255,17 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
     autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE."""
-    if height % 32 or width % 32:
-        raise ValueError(f"the tiny VAE + DiT need height and width in multiples of 32, got {height}×{width}")
+    check_resolution(height, width)
+    check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
     from rynn_jax.sim import episode as sim_episode
+    from rynn_jax.sim import scenes
     from rynn_jax.teleop.streaming import StreamingSession
 
-    out.mkdir(parents=True, exist_ok=True)
+    if task not in scenes.TASKS:
+        raise errors.UsageError(f"--task {task}: unknown", fix=f"choose from {', '.join(scenes.TASKS)}")
+    if num_frames < 1 or (episode_frames is not None and episode_frames < 1):
+        raise errors.UsageError(f"--frames {num_frames} / --episode-frames {episode_frames}: must be ≥ 1")
+    errors.writable_dir(out, "--out")
     timings: dict[str, float] = {}
 
     def world_model() -> tuple[StreamingSession, jax.Array]:
@@ -259,12 +311,6 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     n = len(video)
     truth, skeleton, actions = ep.rgb[:n], ep.skeleton_rgb[:n], ep.actions[:n]
     fps = int(streams.VIDEO_FPS)
-    save_video(out / "generated.mp4", video, fps=fps)
-    save_video(out / "ground_truth.mp4", truth, fps=fps)
-    save_video(out / "skeleton.mp4", skeleton, fps=fps)
-    save_video(out / "side_by_side.mp4", np.concatenate([video, truth, skeleton], axis=2), fps=fps)
-    np.savez_compressed(out / "episode.npz", frames=video, ground_truth=truth, skeleton=skeleton, actions=actions,
-                        states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
     summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
                "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
@@ -273,8 +319,14 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
                "seconds": {k: round(v, 3) for k, v in timings.items()}, "backend": jax.default_backend(),
                "layout": "side_by_side.mp4 = generated | ground truth | skeleton"}
-    with open(out / "summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
+    with staged_files(out) as tmp:
+        save_video(tmp / "generated.mp4", video, fps=fps)
+        save_video(tmp / "ground_truth.mp4", truth, fps=fps)
+        save_video(tmp / "skeleton.mp4", skeleton, fps=fps)
+        save_video(tmp / "side_by_side.mp4", np.concatenate([video, truth, skeleton], axis=2), fps=fps)
+        np.savez_compressed(tmp / "episode.npz", frames=video, ground_truth=truth, skeleton=skeleton,
+                            actions=actions, states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -287,11 +339,14 @@ def height_width(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python serve.py demo", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="outputs/demo", help="output directory")
+    p = errors.ArgumentParser(prog="python serve.py demo", description=__doc__, epilog="""examples:
+  python serve.py demo --world sim --out outputs/demo     # one MuJoCo episode → causal world model
+  python serve.py demo --resolution 96x160                # the bundled sample, small and fast
+  python serve.py demo --dit weights/dit --vae weights/vae --frames 81   # converted weights""")
+    p.add_argument("--out", default="outputs/demo", help="output directory (created)")
     p.add_argument("--frames", type=int, default=17, help="video frames, 1 + 4k (81 = one paper chunk)")
     p.add_argument("--steps", type=int, default=8, help="sampler steps (the reference uses 50)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="noise and tiny-model init")
     p.add_argument("--sample", default=str(SAMPLE_DIR), help="directory with operator_stream.npz + reference.png")
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
@@ -299,7 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world", default="sample", choices=["sample", "sim"],
                    help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
     p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
-    p.add_argument("--resolution", default=(96, 160), type=height_width, help="--world sim: HxW, multiples of 32")
+    p.add_argument("--resolution", default=None, type=height_width,
+                   help="HxW, multiples of 32 (default: 96x160 for --world sim, the reference picture's size "
+                        "(480x832) for the sample)")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
     p.add_argument("--fp8", action="store_true",
@@ -317,14 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="persistent XLA compilation cache: later runs skip compiling (rynn_jax.compile_cache)")
     a = p.parse_args(argv)
-    if a.fp8_scales and not a.fp8:
-        p.error("--fp8-scales needs --fp8")
-    if a.vae_fp8_scales and not a.vae:
-        p.error("--vae-fp8-scales needs --vae")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
-        height, width = a.resolution
+        height, width = a.resolution or (96, 160)
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae,
                           fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales)
@@ -337,10 +390,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales,
-                  vae_fp8_scales=a.vae_fp8_scales)
+                  vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution)
     print(json.dumps(summary, indent=1))
-    print(f"wrote {os.path.join(a.out, 'side_by_side.mp4')} and episode.npz (frames + 54-D actions)")
+    print(f"outputs in {os.path.abspath(a.out)}:\n"
+          "  side_by_side.mp4  generated | skeleton\n"
+          "  generated.mp4, skeleton.mp4\n"
+          f"  episode.npz       frames + {summary['actions_shape']} actions (54-D joint commands at 16 fps)\n"
+          "  summary.json")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

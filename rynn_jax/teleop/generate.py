@@ -39,7 +39,6 @@ streams share its batch, and whether a run is fresh or resumed.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import functools
@@ -61,16 +60,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from rynn_jax import compile_cache
+from rynn_jax import compile_cache, errors
 from rynn_jax.data import robot as robot_data
 from rynn_jax.data import video as video_lib
 from rynn_jax.data.preencode import TextEmbeddingStore
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
-from rynn_jax.render.preview import read_png, save_video
-from rynn_jax.sim.export import atomic_dir, vectors, write_action_stats
-from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, height_width, streaming_session
+from rynn_jax.render.preview import save_video
+from rynn_jax.atomic import atomic_dir
+from rynn_jax.sim.export import vectors, write_action_stats
+from rynn_jax.teleop.demo import (
+    IMAGE_FILE,
+    STREAM_FILE,
+    check_model_flags,
+    check_resolution,
+    height_width,
+    read_reference,
+    streaming_session,
+)
 from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text import empty_context, load_text_context, pad_context
 
@@ -79,7 +87,7 @@ if TYPE_CHECKING:
 
 FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
 # What makes one stream unusable (its episode is skipped and reported; the batch goes on).
-INPUT_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+INPUT_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)  # ValueError: errors.UserError too
 
 
 @dataclasses.dataclass
@@ -102,8 +110,7 @@ class Prepared:
 
 def find_streams(root: Path) -> list[Path]:
     """Every directory at or under `root` holding an operator stream, sorted."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"--streams {root}: not a directory")
+    errors.existing(root, "--streams", kind="directory")
     found = sorted({p.parent for p in root.rglob(STREAM_FILE)})  # root's own file included
     return [d for d in found if not d.name.endswith(".tmp")]
 
@@ -129,18 +136,15 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
     The small JAX work (IK, image resize) runs on the host CPU: on an accelerator it would queue
     behind the world model's blocks (one stream of work per device), and each read-back would wait
     for them. Only the skeleton render, one call per stream, goes to the default device."""
-    try:
-        stream = streams.read(directory / STREAM_FILE)
-    except INPUT_ERRORS as e:
-        raise ValueError(f"{directory / STREAM_FILE}: not a readable {streams.FORMAT} file ({e})") from e
+    stream = streams.read(directory / STREAM_FILE)  # an InputError naming the file
     t = video_times(stream, num_frames)
     prompt = task_description or str(stream.meta.get("task_description", ""))
     ctx = context(prompt)
     if image is None:
-        image = read_png(directory / IMAGE_FILE)
+        image = read_reference(directory / IMAGE_FILE)
     with jax.default_device(jax.local_devices(backend="cpu")[0]):  # thread-local
         image = fit_image(image, rcfg.height, rcfg.width)
-        retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS)
+        retargeted = retarget_stream(stream, hz=streams.VIDEO_FPS, where=str(directory / STREAM_FILE))
     joints, elbows, valid = hands_in_camera(stream, t)
     skeleton = np.asarray(render_video(rcfg, joints, elbows, default_intrinsics(rcfg), valid))
     if len(retargeted["actions"]) < num_frames:
@@ -156,7 +160,7 @@ def text_contexts(text: str | None, text_embeddings: str | None, text_len: int,
     `<sha256(prompt)>.safetensors` in a directory (`text_embeddings`, the pre-encoder's naming;
     a missing one fails that stream), or the all-zero context."""
     if text and text_embeddings:
-        raise ValueError("give --text or --text-embeddings, not both")
+        raise errors.UsageError("--text / --text-embeddings: give one, not both")
     if text_embeddings:
         store = TextEmbeddingStore(text_embeddings, missing="error", text_dim=text_dim, text_len=text_len)
         return lambda prompt: pad_context(store(prompt), text_len)
@@ -250,21 +254,30 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     (IK, skeleton render) and write the previous batch's episodes (MP4 encoding); else each step
     waits for the one before. Both give the same episodes. `session`: an already built
     `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`."""
+    # Every flag and shared file checked before anything is built or compiled.
     if batch < 1 or num_frames < 1:
-        raise ValueError(f"--batch and --frames must be ≥ 1, got {batch} and {num_frames}")
+        raise errors.UsageError(f"--batch {batch} / --frames {num_frames}: must be ≥ 1")
+    check_resolution(height, width)
+    check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae,
+                      text=text)
+    if text and text_embeddings:
+        raise errors.UsageError("--text / --text-embeddings: give one, not both")
+    if text_embeddings:
+        errors.existing(text_embeddings, "--text-embeddings", kind="directory")
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
     # Episodes carry a copy of their stream: an --out inside --streams must not feed itself.
     dirs = [d for d in find_streams(streams_root) if not d.resolve().is_relative_to(out.resolve())]
     if not dirs:
-        raise FileNotFoundError(f"no {STREAM_FILE} at or under {streams_root}")
+        raise errors.MissingFileError(f"--streams {streams_root}: no {STREAM_FILE} at or under it")
+    shared_image = read_reference(image) if image is not None else None
+    errors.writable_dir(out, "--out")
+    out.mkdir(parents=True, exist_ok=True)
     # An episode's name is its directory under --streams (--streams itself: its own name).
     names = [d.relative_to(streams_root).as_posix() if d != streams_root else streams_root.resolve().name
              for d in dirs]
     todo = [(d, n) for d, n in zip(dirs, names) if not _done(out / n)]
     rcfg = RenderConfig(width=width, height=height)
     K = np.asarray(default_intrinsics(rcfg), np.float32)
-    shared_image = read_png(image) if image is not None else None
     weights = "given session" if session is not None else "converted" if dit else "tiny random (demo)"
     if todo and session is None:  # built up front (its text sizes pick each stream's context), compiled at the first batch
         session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
@@ -378,8 +391,8 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     return summary
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python serve.py generate", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = errors.ArgumentParser(prog="python serve.py generate", description=__doc__)
     p.add_argument("--streams", required=True, help="directory searched for operator_stream.npz (+ reference.png)")
     p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
     p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
@@ -402,10 +415,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="no threads: prepare, generate and write one after the other (same episodes, slower)")
     a = p.parse_args(argv)
-    if a.batch < 1:
-        p.error("--batch must be ≥ 1")
-    if a.text and a.text_embeddings:
-        p.error("give --text or --text-embeddings, not both")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     height, width = a.resolution
@@ -418,4 +427,5 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=1))
     if summary["failed"]:
         print(f"{len(summary['failed'])} stream(s) failed, see {os.path.join(a.out, FAILURES_FILE)}")
-        raise SystemExit(1)
+        return 1
+    return 0

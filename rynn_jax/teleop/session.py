@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rynn_jax import errors
 from rynn_jax.kinematics import se3, streams, tracker
 from rynn_jax.render import synthetic_hand_motion
 
@@ -30,11 +31,12 @@ def camera_pose(stream: streams.Stream) -> np.ndarray:
 
 def video_times(stream: streams.Stream, num_frames: int) -> np.ndarray:
     """The (num_frames,) times of the video's frames at 16 fps from the stream's start; raises
-    ValueError when the stream ends before the last one."""
+    a UsageError (a ValueError) when the stream ends before the last one."""
     t = stream.span[0] + np.arange(num_frames) / streams.VIDEO_FPS
     if t[-1] > stream.span[1] + 1e-6:
-        raise ValueError(f"the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
-                         f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps")
+        raise errors.UsageError(f"--frames {num_frames}: the stream covers {stream.span[1] - stream.span[0]:.2f} s, "
+                                f"too short for {num_frames} frames at {streams.VIDEO_FPS:g} fps",
+                                fix=f"use at most {int((stream.span[1] - stream.span[0]) * streams.VIDEO_FPS + 1e-6) + 1}")
     return t
 
 

@@ -32,8 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rynn_jax.diffusion import samplers
-from rynn_jax.diffusion.schedules import flow_sigmas, flow_timesteps
+from rynn_jax.diffusion import samplers, x0_euler
 from rynn_jax.models import causal
 from rynn_jax.models import tae as tae_lib
 from rynn_jax.models import vae as vae_lib
@@ -69,9 +68,8 @@ SERVING_STEPS = StepConfig(merge_clean_pass=True)
 
 
 def step_schedule(scfg: StepConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Model timesteps (N,) float32 and solver sigmas (N + 1,) ending at 0, both host constants."""
-    sigmas = flow_sigmas(scfg.num_steps, scfg.shift).astype(np.float32).astype(np.float64)  # as the teacher's solver
-    return flow_timesteps(scfg.num_steps, scfg.shift).astype(np.float32), sigmas
+    """Model timesteps (N,) float32 and solver sigmas (N + 1,) ending at 0 (`x0_euler.schedule`)."""
+    return x0_euler.schedule(scfg.num_steps, scfg.shift)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -113,7 +111,7 @@ def make_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: StepConfi
             work = None
         else:
             work = causal.working_kv(model, cache, ccfg, cache["frames"], control_bfhwc.shape) if in_place else None
-            x0, work = _x0_euler(velocity, noise, rng, timesteps_n, sigmas_n1, carry=work)
+            _, x0, work = x0_euler.run(velocity, noise, rng, timesteps_n, sigmas_n1, carry=work)
         x0 = pin(x0)
         # The clean pass: K/V of the finished block at t = 0 become context for later blocks.
         t_clean = jnp.zeros((b, f), jnp.float32)
@@ -148,7 +146,7 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
         b, f = control_bfhwc.shape[:2]
         first_frame = cache["frames"] + (clean_x0_bfhwc.shape[1] if after_clean else 0)
         rng, noise, pin_f, pin = _block_setup(state, control_bfhwc, rng, first_frame)
-        t_of = lambda t: jnp.where(pin_f[None], 0.0, jnp.full((b, f), t, jnp.float32))  # noqa: E731
+        t_of = lambda t: x0_euler.pinned_t(pin_f, jnp.full((b, f), t, jnp.float32))  # noqa: E731
         # Serving (per-layer blocks): one working copy of the cache for the block's passes, made
         # before the clean block is written where the merged pass can use it (policy "full").
         in_place = scfg.working_cache and causal.has_working_path(model)
@@ -164,7 +162,7 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
             else:
                 v, cache = causal.forward_block_after_clean(model, cache, ccfg, clean_x0_bfhwc, clean_control_bfhwc,
                                                             pin(noise), t_of(timesteps_n[0]), control_bfhwc)
-            x = _x0_euler_update(noise, v, rng, 0, np.float32(sigmas_n1[0]), np.float32(sigmas_n1[1]))
+            x, _ = x0_euler.update(noise, v, rng, 0, np.float32(sigmas_n1[0]), np.float32(sigmas_n1[1]))
             first = 1
         else:
             x, first = noise, 0
@@ -172,7 +170,8 @@ def make_deferred_step(graphdef: nnx.GraphDef, ccfg: causal.CausalConfig, scfg: 
             work = causal.working_kv(model, cache, ccfg, first_frame, control_bfhwc.shape)
 
         velocity = _velocity(model, cache, ccfg, control_bfhwc, pin_f, pin, in_place)
-        x0, _ = _x0_euler(velocity, x, rng, timesteps_n, sigmas_n1, first=first, carry=work if in_place else None)
+        _, x0, _ = x0_euler.run(velocity, x, rng, timesteps_n, sigmas_n1, first=first,
+                                carry=work if in_place else None)
         return pin(x0), {**state, "cache": cache}
 
     return step
@@ -186,7 +185,7 @@ def _velocity(model: WanDiT, cache: causal.KVCache, ccfg: causal.CausalConfig, c
     passed through and every pass copies the cache (`causal.forward_block`)."""
 
     def velocity(x_bfhwc: jax.Array, t_bf: jax.Array, work: causal.Work | None):
-        t_bf = jnp.where(pin_f[None], 0.0, t_bf)
+        t_bf = x0_euler.pinned_t(pin_f, t_bf)
         if in_place:
             v, _, work = causal.forward_block_in_place(model, cache, work, ccfg, pin(x_bfhwc), t_bf, control_bfhwc,
                                                        write=False)
@@ -196,29 +195,9 @@ def _velocity(model: WanDiT, cache: causal.KVCache, ccfg: causal.CausalConfig, c
     return velocity
 
 
-def _as_key(rng: jax.Array) -> jax.Array:
-    """A typed PRNG key (raw uint32 key data, as exported executables take it, is wrapped)."""
-    return rng if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(rng)
-
-
-def _fold_in(rng: jax.Array, data: int | jax.Array) -> jax.Array:
-    """`jax.random.fold_in` of one key, or of each key of a (B,) batch (one per session sample)."""
-    if rng.ndim == 0:
-        return jax.random.fold_in(rng, data)
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rng, data)
-
-
-def _normal(rng: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    """N(0, 1) noise of `shape` = (B, ...): one draw from one key, or sample b from key b of a (B,)
-    batch, so a sample's noise does not depend on its batch or its place in it."""
-    if rng.ndim == 0:
-        return jax.random.normal(rng, shape, dtype)
-    return jax.vmap(lambda k: jax.random.normal(k, shape[1:], dtype))(rng)
-
-
 def _block_key(rng: jax.Array, block: int | jax.Array) -> jax.Array:
     """The raw key data a session's step gets for its `block`-th block."""
-    return jax.random.key_data(_fold_in(rng, block))
+    return jax.random.key_data(x0_euler.fold_in(rng, block))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,35 +239,9 @@ def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_f
     those to the reference latent) for a block that starts at chunk frame `first_frame`."""
     ref = state["ref_latent"]
     b, f = control_bfhwc.shape[:2]
-    rng = _as_key(rng)
-    noise = _normal(_fold_in(rng, 0), (b, f, *ref.shape[2:]), jnp.float32)
-    pin_f = (first_frame + jnp.arange(f)) == 0  # the chunk's frame 0 is the reference
-    return rng, noise, pin_f, lambda x: jnp.where(pin_f[None, :, None, None, None], ref, x)
-
-
-def _x0_euler_update(x: jax.Array, v: jax.Array, rng: jax.Array, i, sigma, sigma_next) -> jax.Array:
-    """One x0_euler step i: x0 = x − σ_i v, re-noised to σ_{i+1} with ε_i = N(fold_in(rng, i + 1))."""
-    x0 = x - sigma * v
-    eps = _normal(_fold_in(rng, i + 1), x.shape, x.dtype)
-    return (1.0 - sigma_next) * x0 + sigma_next * eps
-
-
-def _x0_euler(velocity: Callable, noise: jax.Array, rng: jax.Array, timesteps_n: np.ndarray,
-              sigmas_n1: np.ndarray, first: int = 0, carry: Any = None) -> tuple[jax.Array, Any]:
-    """x0 = x − σ_i v; x ← (1 − σ_{i+1}) x0 + σ_{i+1} ε_i with fresh ε_i (the last σ is 0), for the
-    steps i ≥ `first` starting from `noise` (the state after step first − 1). `velocity(x, t,
-    carry) -> (v, carry)` threads `carry` (the working K/V) through the steps. → (x0, carry)."""
-    b = noise.shape[0]
-    steps = (np.arange(len(timesteps_n))[first:], timesteps_n[first:], sigmas_n1[first:-1].astype(np.float32),
-             sigmas_n1[first + 1:].astype(np.float32))
-
-    def body(xc, s):
-        (x, c), (i, t, sigma, sigma_next) = xc, s
-        v, c = velocity(x, jnp.full((b, x.shape[1]), t, jnp.float32), c)
-        return (_x0_euler_update(x, v, rng, i, sigma, sigma_next), c), None
-
-    # Re-noising the final x0 with σ = 0 is the identity: the carry after the loop is x0.
-    return jax.lax.scan(body, (noise, carry), steps)[0]
+    rng = x0_euler.as_key(rng)
+    noise = x0_euler.block_noise(rng, (b, f, *ref.shape[2:]))
+    return (rng, noise, *x0_euler.reference_pin(ref, first_frame, f))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,7 +558,7 @@ class StreamingSession:
         implementation and shape `start` will get (default: one key of the default one)."""
         image_shape = tuple(image_shape_bhw3)
         ctx_shape = tuple(ctx_shape_bsk or (image_shape[0], self.dit_cfg.text_len, self.dit_cfg.text_dim))
-        rng = jax.random.key(0) if rng is None else _as_key(rng)
+        rng = jax.random.key(0) if rng is None else x0_euler.as_key(rng)
         exe = self._executables(image_shape, ctx_shape, rng)
         if wait:
             compiled = {name: future.result() for name, future in exe.items()}  # a failed compile raises here
@@ -686,7 +639,7 @@ class StreamingSession:
         if image.ndim != 4 or image.shape[-1] != 3 or ctx.ndim != 3 or ctx.shape[0] != image.shape[0]:
             raise ValueError(f"start wants an image (B, H, W, 3) and a text context (B, S, D); got "
                              f"{tuple(image.shape)} and {tuple(ctx.shape)}")
-        rng = _as_key(rng)
+        rng = x0_euler.as_key(rng)
         if rng.shape not in ((), image.shape[:1]):
             raise ValueError(f"rng must be one key or one key per session sample, shape {image.shape[:1]}; "
                              f"got a key array of shape {rng.shape}")

@@ -18,12 +18,14 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
+from rynn_jax.errors import InputError
+
 from rynn_jax.training.config import CheckpointConfig
 from rynn_jax.training.state import TrainState
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(InputError):
+    """No step of a checkpoint directory can be read (entry points print it as one line, exit 1)."""
 
 
 def abstract_with_shardings(abstract: TrainState, shardings: TrainState) -> TrainState:

@@ -7,8 +7,11 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import time
 import typing
 from typing import Any, Literal
+
+from rynn_jax import errors
 
 from rynn_jax.models.dit import WanDiTConfig
 from rynn_jax.sharding import MeshConfig
@@ -90,8 +93,10 @@ class TrainConfig:
     frozen_dtype: str = "float32"  # storage of frozen (LoRA base) params; "bfloat16" halves them
     distributed: bool = False  # multi-host: jax.distributed.initialize() first
     min_sharded_size: int = 2 ** 22  # startup check: params this large must not be replicated
-    # Fault injection for tests: SIGKILL this process right after dispatching this step (0 = never).
+    # Fault injection for tests: send this process `debug_kill_signal` right after dispatching
+    # this step (0 = never); SIGKILL dies at once, SIGINT/SIGTERM stop cleanly after the step.
     debug_kill_at_step: int = 0
+    debug_kill_signal: Literal["SIGKILL", "SIGINT", "SIGTERM"] = "SIGKILL"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,19 +104,44 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------------
 
 
+def run_recipe(path: str | os.PathLike[str], want: type | tuple[type, ...], arg: str = "") -> Any:
+    """Run the recipe file at `path` and return its `get_config()` (`get_config(arg)` when `arg`),
+    checked to be a `want` (or one of them). A missing or broken recipe is a user error naming `--config`."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise errors.UsageError(f"--config {path}: no such recipe file", fix="pass a file under configs/")
+    spec = importlib.util.spec_from_file_location("rynn_config", path)
+    if spec is None or spec.loader is None:
+        raise errors.UsageError(f"--config {path}: not a Python recipe file", fix="pass a file under configs/")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise errors.UsageError(f"--config {path}:{e.lineno}: {e.msg}") from None
+    if not hasattr(module, "get_config"):
+        raise errors.UsageError(f"--config {path}: defines no get_config()", fix="pass a file under configs/")
+    cfg = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(cfg, want):
+        names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+        raise errors.UsageError(f"--config {path}: get_config() returned {type(cfg).__name__}, not {names}")
+    return cfg
+
+
 def load_config(path: str | os.PathLike[str], types: tuple[type, ...] = (TrainConfig,)) -> Any:
     """Run a recipe file and return its `get_config()`, which must be one of `types` (train.py
     also takes training.autoencoder's AutoencoderTrainConfig)."""
-    spec = importlib.util.spec_from_file_location("rynn_config", os.fspath(path))
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"no config file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
-    if not isinstance(cfg, types):
-        names = " or ".join(t.__name__ for t in types)
-        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not {names}")
-    return cfg
+    return run_recipe(path, types)
+
+
+def with_run_dir(cfg: Any, config_path: str, root: str = "runs") -> Any:
+    """A run that names neither `ckpt.dir` nor `log.dir` writes to `runs/<recipe>-<time>/`
+    (`ckpt/` and `logs/`), so a run never trains without saving."""
+    if cfg.ckpt.dir or cfg.log.dir:
+        return cfg
+    stem = os.path.splitext(os.path.basename(config_path.partition(":")[0]))[0]
+    run = os.path.join(root, f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return dataclasses.replace(cfg, ckpt=dataclasses.replace(cfg.ckpt, dir=os.path.join(run, "ckpt")),
+                               log=dataclasses.replace(cfg.log, dir=os.path.join(run, "logs")))
 
 
 def _parse(text: str, like: Any, where: str) -> Any:
@@ -157,11 +187,11 @@ def apply_overrides(cfg: Any, items: list[str]) -> Any:
     for item in items:
         key, sep, text = item.partition("=")
         if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
+            raise errors.UsageError(f"--set {item!r}: not KEY=VALUE", fix="e.g. --set optim.lr=1e-5")
         try:
             cfg = override(cfg, key.strip(), text.strip())
-        except ValueError as exc:  # name the whole override, not just the innermost field
-            raise ValueError(f"override {item!r}: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:  # name the whole override, not just the innermost field
+            raise errors.UsageError(f"--set {item!r}: {str(exc).strip(chr(34))}") from None
     return cfg
 
 

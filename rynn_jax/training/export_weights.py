@@ -12,18 +12,19 @@ running statistics go beside the weights in `control_stats.json` (models/control
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
+import sys
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 
-from rynn_jax import checkpoints, sharding
+from rynn_jax import checkpoints, errors, sharding
+from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import control
-from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim
+from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim, preflight
 from rynn_jax.training import state as state_lib
 
 
@@ -32,7 +33,9 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
     """Writes `out_dir` with the weights stored as `dtype` ("bfloat16" halves the files; loaders cast
     back to the model's param_dtype); returns the exported step."""
     if not cfg.ckpt.dir:
-        raise ValueError("set ckpt.dir to the training run to export")
+        raise errors.UsageError("ckpt.dir: not set", fix="--set ckpt.dir=RUN/ckpt, the training run to export")
+    preflight.check_checkpoint_dir(cfg.ckpt.dir, "ckpt.dir")
+    errors.writable_dir(out_dir, "--out")
     mesh = sharding.make_mesh(cfg.mesh)
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
     abstract, shardings = state_lib.state_shardings(cfg, tx, mesh)
@@ -41,7 +44,7 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
                                 input_lib.make_iterator(cfg))
     ckpt.close()
     if state is None:
-        raise FileNotFoundError(f"no readable checkpoint under {cfg.ckpt.dir}")
+        raise errors.MissingFileError(f"ckpt.dir {cfg.ckpt.dir}: no readable checkpoint")
     graphdef = nnx.split(state_lib.abstract_model(cfg), lora.trainable_filter(cfg.lora), nnx.Param, ...)[0]
     params = state.ema if use_ema and len(jax.tree.leaves(state.ema)) else state.params
     model = nnx.merge(graphdef, params, state.frozen, state.stats)
@@ -52,17 +55,19 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
     if dtype != "float32":
         pure = jax.tree.map(lambda x: np.asarray(x, dtype), pure)
     model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
-    checkpoints.save_params(out_dir, pure, model_cfg)
-    if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
-        control.write_stats(os.path.join(out_dir, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
+    with atomic_dir(out_dir) as tmp:  # a cut export never looks like a finished one
+        checkpoints.save_params(tmp, pure, model_cfg)
+        if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
     return int(state.step)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", required=True)
+    p = errors.ArgumentParser(prog="python -m rynn_jax.training.export_weights", description=__doc__)
+    p.add_argument("--config", required=True, help="the run's recipe file under configs/")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="the run's overrides, ckpt.dir at least (repeatable)")
+    p.add_argument("--out", required=True, help="converted-weights directory to write")
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="storage dtype of the exported weights")
@@ -73,4 +78,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(errors.run(main))

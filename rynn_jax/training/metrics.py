@@ -4,6 +4,7 @@ MFU. Only process 0 writes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
@@ -21,8 +22,19 @@ def model_flops_per_token(cfg: WanDiTConfig, num_tokens: int) -> float:
     return float(dense + attn)
 
 
+def setup_logging() -> None:
+    """INFO lines of the run (config, resume, saves) on stderr; libraries' INFO chatter (orbax's
+    per-save lines, absl) stays off."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    for name in ("absl", "orbax", "jax", "grain"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class MetricWriter:
-    def __init__(self, log_dir: str):
+    """`resume_step`: lines of later steps (written by a run that died before its next checkpoint)
+    are dropped first, since this run writes them again: each step appears once in the file."""
+
+    def __init__(self, log_dir: str, resume_step: int = 0):
         self.enabled = bool(log_dir) and jax.process_index() == 0
         self.tb = None
         self.jsonl = None
@@ -30,7 +42,9 @@ class MetricWriter:
             from tensorboardX import SummaryWriter  # only where logging is on
             os.makedirs(log_dir, exist_ok=True)
             self.tb = SummaryWriter(log_dir)
-            self.jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a")
+            path = os.path.join(log_dir, "metrics.jsonl")
+            _truncate_after(path, resume_step)
+            self.jsonl = open(path, "a")
 
     def step(self, step: int, record: dict[str, float]) -> None:
         """Every step: one JSON line (loss, norms) — what resume tests and plots read."""
@@ -48,6 +62,25 @@ class MetricWriter:
             self.tb.close()
         if self.jsonl is not None:
             self.jsonl.close()
+
+
+def _truncate_after(path: str, step: int) -> None:
+    """Keep the lines of steps ≤ `step` (a torn last line is dropped too); atomic rewrite."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the line a killed run was writing
+                continue
+            if record.get("step", 0) <= step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
 
 
 class Throughput:

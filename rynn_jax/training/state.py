@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from rynn_jax import sharding
-from rynn_jax.convert import flatten_params, unflatten_params
+from rynn_jax.weights import flatten_params, unflatten_params
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
 from rynn_jax.training import lora
 from rynn_jax.training.config import TrainConfig

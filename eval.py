@@ -1,0 +1,69 @@
+"""Evaluate a world model against ground-truth episodes: PSNR, SSIM, LPIPS, robot-region PSNR, depth
+and flow errors, FVD, baselines, plots and a report (rynn_jax/eval/, docs/eval.md).
+
+    python eval.py --model teacher --dit DIR --vae DIR --episodes data/sim_heldout --out eval/teacher
+    python eval.py --model student --dit DIR --vae DIR --episodes data/sim_heldout --out eval/student
+    python eval.py --model generated --generated data/robot_generated --episodes data/robot --out eval/gen
+
+Re-running the same command resumes (finished episodes are kept); the report is rewritten.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rynn_jax import compile_cache, errors
+from rynn_jax.eval.report import summary_lines
+from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
+from rynn_jax.teleop.demo import height_width
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = errors.ArgumentParser(prog="python eval.py", description=__doc__)
+    p.add_argument("--model", required=True, choices=MODELS,
+                   help="teacher (bidirectional sampler), student (causal StreamingSession), or generated "
+                        "(score the videos under --generated)")
+    p.add_argument("--episodes", required=True, help="ground-truth episodes (robot layout, e.g. sim held-out)")
+    p.add_argument("--out", required=True, help="output directory (re-run to resume)")
+    p.add_argument("--generated", default=None, help="--model generated: root of episodes named as under --episodes")
+    p.add_argument("--dit", default=None, help="converted DiT directory (load_dit); neither --dit nor --vae: tiny random")
+    p.add_argument("--vae", default=None, help="converted VAE directory (load_vae)")
+    p.add_argument("--frames", type=int, default=33, help="frames compared per episode (teacher: 1 + 4k, rounded down)")
+    p.add_argument("--resolution", type=height_width, default=None,
+                   help="HxW to evaluate at (default: the generated / ground-truth video's own)")
+    p.add_argument("--steps", type=int, default=8, help="teacher sampler steps")
+    p.add_argument("--max-episodes", type=int, default=None, help="only the first K episodes (sorted by name)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (each episode's key folds in its name)")
+    p.add_argument("--swap", action="store_true",
+                   help="also generate each episode with the next episode's skeleton (control-following check)")
+    p.add_argument("--shift-frames", type=int, default=4, help="delay of the shifted-truth baseline, frames")
+    p.add_argument("--no-fvd", action="store_true", help="skip I3D features and FVD")
+    p.add_argument("--text", default=None, help="one umT5 embedding (.safetensors) for every prompt")
+    p.add_argument("--text-embeddings", default=None, metavar="DIR", help="DIR/<sha256(task description)>.safetensors")
+    p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
+    a = p.parse_args(argv)
+    try:
+        cfg = EvalConfig(model=a.model, episodes=a.episodes, out=a.out, generated=a.generated, dit=a.dit, vae=a.vae,
+                         frames=a.frames, resolution=a.resolution, steps=a.steps, max_episodes=a.max_episodes,
+                         seed=a.seed, swap=a.swap, shift_frames=a.shift_frames, fvd=not a.no_fvd, text=a.text,
+                         text_embeddings=a.text_embeddings)
+    except ValueError as e:
+        raise errors.UsageError(str(e)) from None
+    # Every input and the output directory checked before a model is built or compiled.
+    errors.existing(a.episodes, "--episodes", kind="directory")
+    for flag, path, kind in (("--generated", a.generated, "directory"), ("--dit", a.dit, "file or directory"),
+                             ("--vae", a.vae, "file or directory"), ("--text", a.text, "file"),
+                             ("--text-embeddings", a.text_embeddings, "directory")):
+        if path is not None:
+            errors.existing(path, flag, kind=kind)
+    errors.writable_dir(a.out, "--out")
+    if a.compile_cache:
+        compile_cache.enable(a.compile_cache)
+    summary = evaluate(cfg)
+    print("\n".join(summary_lines(summary)))
+    print(f"{summary['episodes']} episodes; all numbers in {a.out}/metrics.json, report: {a.out}/report.md")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(errors.run(main))

@@ -1,0 +1,207 @@
+"""The evaluation loop behind `python eval.py`: per episode, generate (or read) the prediction, score
+it and the baselines against ground truth, keep I3D features for FVD; then aggregate and report.
+
+    <out>/episodes/<name>.json    per-frame and per-video scores of every variant (written last:
+                                  an episode with this file is done and skipped on a re-run)
+    <out>/episodes/<name>.npz     I3D features of every variant and of the truth (FVD)
+    <out>/strips/<name>.png       frame strip: skeleton | generated (| swapped) | truth
+    <out>/generated/<name>/       the model's video (and control) in the robot episode layout
+    <out>/metrics.json, episodes.csv, episodes.parquet, plots, report.md (`report.write_report`)
+
+Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
+first frame and noise, the next episode's control — a model that follows its control must lose
+PSNR here), and the baselines of `baselines.BASELINES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from tqdm import tqdm
+
+from rynn_jax.eval import baselines, episodes, fvd, report
+from rynn_jax.eval.report import file_stem
+from rynn_jax.eval.score import score, summarize
+from rynn_jax.render.preview import save_png, save_video
+from rynn_jax.sim.export import atomic_dir
+from rynn_jax.teleop.world_model import SamplingConfig
+
+MODELS = ("generated", "teacher", "student")
+STRIP_FRAMES = 6
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    model: Literal["generated", "teacher", "student"]
+    episodes: str  # ground-truth episode root (robot layout)
+    out: str
+    generated: str | None = None  # model "generated": root of the generated episodes
+    dit: str | None = None  # teacher/student weights (both or neither: tiny random models)
+    vae: str | None = None
+    frames: int = 33  # frames compared per episode (teacher: rounded down to 1 + 4k)
+    resolution: tuple[int, int] | None = None  # H, W (default: the generated or ground-truth video's)
+    steps: int = 8  # teacher sampler steps
+    max_episodes: int | None = None  # the first K episodes (sorted by name)
+    seed: int = 0
+    swap: bool = False  # also generate with the next episode's control (teacher/student)
+    shift_frames: int = baselines.SHIFT_FRAMES
+    fvd: bool = True
+    text: str | None = None  # one umT5 embedding for every prompt
+    text_embeddings: str | None = None  # or DIR/<sha256(prompt)>.safetensors
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"--model must be one of {MODELS}, got {self.model!r}")
+        if (self.model == "generated") != (self.generated is not None):
+            raise ValueError("--generated DIR is needed with --model generated, and only with it")
+        if self.model == "generated" and (self.dit or self.vae or self.swap):
+            raise ValueError("--dit/--vae/--swap need a model to run (--model teacher or student)")
+        if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
+            raise ValueError(f"--frames must be ≥ 2, --steps and --max-episodes ≥ 1; got {self.frames}, "
+                             f"{self.steps}, {self.max_episodes}")
+        if self.shift_frames < 1:
+            raise ValueError(f"--shift-frames must be ≥ 1, got {self.shift_frames}")
+
+
+def _frames_for(cfg: EvalConfig, available: int) -> int:
+    n = min(cfg.frames, available)
+    return 1 + 4 * ((n - 1) // 4) if cfg.model == "teacher" else n
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Evaluate every episode not done yet under `cfg.out`, then write the aggregate and the report."""
+    names = episodes.list_episodes(cfg.episodes)[:cfg.max_episodes]
+    if cfg.swap and len(names) < 2:
+        raise ValueError("--swap needs at least 2 episodes (each takes the next one's control)")
+    if cfg.model == "generated":
+        missing = [n for n in names if not (Path(cfg.generated) / n / episodes.VIDEO_FILE).is_file()]
+        if missing:
+            raise FileNotFoundError(f"--generated {cfg.generated}: {len(missing)} of {len(names)} episodes have no "
+                                    f"{episodes.VIDEO_FILE}, e.g. {missing[0]}")
+    out = Path(cfg.out)
+    (out / "episodes").mkdir(parents=True, exist_ok=True)
+    _check_same_run(cfg, out)
+    todo = [n for n in names if not (out / "episodes" / f"{file_stem(n)}.json").exists()]
+    runner = _runner(cfg) if todo and cfg.model != "generated" else None
+    for i, name in enumerate(tqdm(todo, desc=f"eval {cfg.model}", unit="episode", disable=not todo)):
+        partner = names[(names.index(name) + 1) % len(names)] if cfg.swap else None
+        _evaluate_episode(cfg, out, name, runner, partner)
+    return report.write_report(out, names, config=_config_record(cfg))
+
+
+def _runner(cfg: EvalConfig):
+    from rynn_jax.eval import models
+
+    if cfg.model == "teacher":
+        return models.teacher(cfg.dit, cfg.vae, cfg.seed, SamplingConfig(num_steps=cfg.steps), text=cfg.text,
+                              text_embeddings=cfg.text_embeddings)
+    return models.student(cfg.dit, cfg.vae, cfg.seed, text=cfg.text, text_embeddings=cfg.text_embeddings)
+
+
+def _size(cfg: EvalConfig, name: str) -> tuple[int, int]:
+    if cfg.resolution is not None:
+        return cfg.resolution
+    root = cfg.generated if cfg.model == "generated" else cfg.episodes
+    _, h, w = episodes.video_size(Path(root) / name / episodes.VIDEO_FILE)
+    return h, w
+
+
+def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: str | None) -> None:
+    available = episodes.available_frames(cfg.episodes, name)
+    if cfg.model == "generated":
+        available = min(available, episodes.video_size(Path(cfg.generated) / name / episodes.VIDEO_FILE)[0])
+    n = _frames_for(cfg, available)
+    if n < 2:
+        raise ValueError(f"episode {name}: {n} frame(s) to compare (needs ≥ 2; the teacher needs 1 + 4k ≥ 5)")
+    h, w = _size(cfg, name)
+    truth = episodes.load_truth(cfg.episodes, name, n, h, w)
+    preds: dict[str, episodes.Generated] = {}
+    if cfg.model == "generated":
+        preds["model"] = episodes.load_generated(cfg.generated, name, n)
+        if preds["model"].frames.shape[1:3] != (h, w):
+            raise ValueError(f"--generated {cfg.generated}/{name}: frames {preds['model'].frames.shape[1:3]}, "
+                             f"evaluating at {(h, w)} (drop --resolution)")
+    else:
+        preds["model"] = episodes.Generated(runner(name, truth.frames[0], truth.skeleton, truth.prompt))
+        _save_generated(out / "generated" / name, preds["model"].frames, truth.skeleton)
+        if partner is not None:
+            other = episodes.load_truth(cfg.episodes, partner, episodes.available_frames(cfg.episodes, partner), h, w)
+            control = _fit_length(other.skeleton, n)
+            preds["model_swapped"] = episodes.Generated(runner(name, truth.frames[0], control, truth.prompt))
+            _save_generated(out / "generated_swapped" / name, preds["model_swapped"].frames, control)
+    preds["copy_first_frame"] = baselines.copy_first_frame(truth)
+    preds["shifted"] = baselines.shifted(truth, cfg.shift_frames)
+
+    record = {"episode": name, "frames": n, "height": h, "width": w, "prompt": truth.prompt,
+              "swap_partner": partner, "variants": {}}
+    for variant, pred in preds.items():
+        per_frame = score(pred, truth)
+        record["variants"][variant] = {"per_frame": per_frame, "video": summarize(per_frame)}
+    stem = file_stem(name)
+    if cfg.fvd and n >= fvd.MIN_FRAMES:  # one I3D batch: every variant and the truth
+        variants = [*preds, "truth"]
+        clips = np.stack([p.frames[:n] for p in preds.values()] + [truth.frames])
+        feats = dict(zip(variants, fvd.i3d_features(clips)))
+        _atomic(out / "episodes" / f"{stem}.npz", lambda p: np.savez(p, **feats))
+    rows = [truth.skeleton, preds["model"].frames[:n]]
+    if "model_swapped" in preds:
+        rows.append(preds["model_swapped"].frames[:n])
+    rows.append(truth.frames)
+    (out / "strips").mkdir(exist_ok=True)
+    save_png(out / "strips" / f"{stem}.png", strip(rows))
+    _atomic(out / "episodes" / f"{stem}.json", lambda p: Path(p).write_text(json.dumps(record)))
+
+
+def strip(rows: list[np.ndarray], num: int = STRIP_FRAMES) -> np.ndarray:
+    """Rows of videos (T, H, W, 3), `num` frames evenly spaced from 0 to T − 1, as one image."""
+    t = min(len(r) for r in rows)
+    idx = np.unique(np.linspace(0, t - 1, min(num, t)).round().astype(int))
+    return np.concatenate([np.concatenate(list(r[idx]), axis=1) for r in rows], axis=0)
+
+
+def _fit_length(video: np.ndarray, n: int) -> np.ndarray:
+    """The first n frames; a shorter video holds its last frame."""
+    if len(video) >= n:
+        return video[:n]
+    return np.concatenate([video, np.repeat(video[-1:], n - len(video), axis=0)])
+
+
+def _save_generated(directory: Path, frames: np.ndarray, skeleton: np.ndarray) -> None:
+    with atomic_dir(directory) as tmp:
+        save_video(tmp / episodes.VIDEO_FILE, frames, fps=16)
+        save_video(tmp / "skeleton.mp4", skeleton[:len(frames)], fps=16)
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp" + path.suffix)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _config_record(cfg: EvalConfig) -> dict:
+    rec = dataclasses.asdict(cfg)
+    rec["resolution"] = list(cfg.resolution) if cfg.resolution else None
+    rec["weights"] = ("given" if cfg.dit else "tiny random (smoke test)") if cfg.model != "generated" else "n/a"
+    return rec
+
+
+def _check_same_run(cfg: EvalConfig, out: Path) -> None:
+    """A re-run resumes only the same evaluation: settings that change the scores must match."""
+    keys = ("model", "episodes", "generated", "dit", "vae", "frames", "resolution", "steps", "seed", "swap",
+            "shift_frames", "text", "text_embeddings")
+    mine = {k: v for k, v in _config_record(cfg).items() if k in keys}
+    mine["episodes"] = os.path.abspath(cfg.episodes)
+    path = out / "run.json"
+    if path.exists():
+        before = json.loads(path.read_text())
+        diff = sorted(k for k in keys if before.get(k) != mine.get(k))
+        if diff:
+            raise ValueError(f"--out {out} holds an evaluation with other settings ({', '.join(diff)} differ); "
+                             "use a new --out")
+    else:
+        path.write_text(json.dumps(mine, indent=1))

