@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +24,9 @@ from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.training import autoencoder as ae
 from rynn_jax.training import config as config_lib
+from tests._train_run import ROOT, logged_losses, run_train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "synthetic_ae_tiny.py")
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 STEPS, KILL_AT = 24, 17
 
 
@@ -73,20 +71,10 @@ def _overrides(episodes: str, run_dir: str) -> list[str]:
 
 
 def _train(episodes: str, run_dir: str, cache_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE,
-           # the three runs compile the same programs: compile once
-           "JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    args = ["--config", TINY]
-    for o in [*_overrides(episodes, run_dir), *extra]:
-        args += ["--set", o]
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, check=False, timeout=400)
+    return run_train(TINY, [*_overrides(episodes, run_dir), *extra], cache_dir)
 
 
-def _losses(run_dir: str) -> list[tuple[int, float]]:
-    with open(os.path.join(run_dir, "logs", "metrics.jsonl")) as f:
-        return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+_losses = logged_losses
 
 
 def _cfg(episodes: str, run_dir: str) -> ae.AutoencoderTrainConfig:

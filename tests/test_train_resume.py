@@ -7,12 +7,10 @@ a logged error."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -23,29 +21,17 @@ from rynn_jax.training import checkpointing, optim
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import state as state_lib
+from tests._train_run import ROOT, logged_losses, run_train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.py")
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def _train(run_dir: str, cache_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE,
-           # the three runs compile the same programs: compile once
-           "JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    args = ["--config", TINY, "--set", f"ckpt.dir={run_dir}/ckpt",
-            "--set", "ckpt.every=50", "--set", "ckpt.keep=2", "--set", f"log.dir={run_dir}/logs",
-            "--set", "log.progress=False"]
-    for e in extra:
-        args += ["--set", e]
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, check=False, timeout=400)
+    return run_train(TINY, [f"ckpt.dir={run_dir}/ckpt", "ckpt.every=50", "ckpt.keep=2", f"log.dir={run_dir}/logs",
+                            "log.progress=False", *extra], cache_dir)
 
 
-def _losses(run_dir: str) -> list[tuple[int, float]]:
-    with open(os.path.join(run_dir, "logs", "metrics.jsonl")) as f:
-        return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+_losses = logged_losses
 
 
 @pytest.fixture(scope="module")
