@@ -82,5 +82,5 @@ def test_overrides_check_choice_fields():
     assert config_lib.apply_overrides(cfg, ["model.remat=save_dots_attn"]).model.remat == "save_dots_attn"
     with pytest.raises(ValueError, match="must be one of.*'float32', 'bfloat16'"):
         config_lib.apply_overrides(cfg, ["optim.mu_dtype=float16"])
-    with pytest.raises(ValueError, match="override 'model.remat=save_dot'"):
+    with pytest.raises(ValueError, match="--set 'model.remat=save_dot'"):
         config_lib.apply_overrides(cfg, ["model.remat=save_dot"])
