@@ -5,6 +5,7 @@
   frame 0, the control video encoded by the VAE, the flow-matching sampler), modules from
   `teleop.demo.build_world_model` (`load_dit` / `load_vae` directories, or the tiny random
   models when neither is given).
+  It also carries `reconstruct` (truth → VAE → truth), the "autoencoder" ceiling variant.
 * student: the causal student streamed block by block through `teleop.streaming.StreamingSession`
   built as `serve.py demo --world sim` builds it (`teleop.demo.streaming_session`), rolled out by
   `teleop.generate.rollout` (the last block's missing control frames hold the last pose).
@@ -22,7 +23,7 @@ import numpy as np
 
 from rynn_jax.teleop import demo
 from rynn_jax.teleop import generate as generate_lib
-from rynn_jax.teleop.world_model import SamplingConfig
+from rynn_jax.teleop.world_model import SamplingConfig, to_model_range, to_uint8
 
 Runner = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]
 
@@ -38,6 +39,11 @@ def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
         return model.generate(generate_lib.episode_key(seed, name), reference_hw3, skeleton_thw3, contexts(prompt),
                               sampling)
 
+    def reconstruct(video_thw3: np.ndarray) -> np.ndarray:
+        """The ground truth through the VAE and back: the best any model in this latent space can do."""
+        return to_uint8(model.decode(model.encode(to_model_range(video_thw3)[None]))[0])
+
+    run.reconstruct = reconstruct
     return run
 
 

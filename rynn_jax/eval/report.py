@@ -24,7 +24,7 @@ from rynn_jax.eval.score import METRICS
 GRID_EPISODES = 4
 VARIANT_LABELS = {
     "model": "model", "model_swapped": "model, swapped control", "copy_first_frame": "copy first frame",
-    "shifted": "truth shifted",
+    "shifted": "truth shifted", "autoencoder": "autoencoder round trip (ceiling)",
 }
 
 
@@ -61,6 +61,8 @@ def aggregate(records: list[dict], features: dict[str, list[np.ndarray]]) -> dic
         return float(d.mean()) if d.size else None
 
     summary["model_minus_copy_first_frame_db"] = {m: gap("model", "copy_first_frame", m) for m in ("psnr", "robot_psnr")}
+    if "autoencoder" in variants:
+        summary["model_minus_autoencoder_db"] = {m: gap("model", "autoencoder", m) for m in ("psnr", "robot_psnr")}
     if "model_swapped" in variants:
         summary["swap_drop_db"] = {m: gap("model", "model_swapped", m) for m in ("psnr", "robot_psnr")}
     summary["fvd"] = fvd_summary(features)
@@ -216,6 +218,10 @@ def summary_lines(s: dict) -> list[str]:
     gaps = s["model_minus_copy_first_frame_db"]
     lines += ["", f"Model − copy-first-frame: PSNR {_fmt(gaps['psnr'])} dB, robot-region PSNR "
                   f"{_fmt(gaps['robot_psnr'])} dB (mean over episodes)."]
+    if "model_minus_autoencoder_db" in s:
+        g = s["model_minus_autoencoder_db"]
+        lines.append(f"Model − autoencoder round trip (the latent space's ceiling): PSNR {_fmt(g['psnr'])} dB, "
+                     f"robot-region PSNR {_fmt(g['robot_psnr'])} dB.")
     if "swap_drop_db" in s:
         d = s["swap_drop_db"]
         lines.append(f"Control swap (same first frame and noise, the next episode's skeleton): PSNR drops by "

@@ -10,7 +10,8 @@ it and the baselines against ground truth, keep I3D features for FVD; then aggre
 
 Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
 first frame and noise, the next episode's control — a model that follows its control must lose
-PSNR here), and the baselines of `baselines.BASELINES`.
+PSNR here), "autoencoder" (teacher: the truth through its VAE and back, the ceiling of any model in
+that latent space), and the baselines of `baselines.BASELINES`.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: st
             control = _fit_length(other.skeleton, n)
             preds["model_swapped"] = episodes.Generated(runner(name, truth.frames[0], control, truth.prompt))
             _save_generated(out / "generated_swapped" / name, preds["model_swapped"].frames, control)
+    if hasattr(runner, "reconstruct"):  # the latent space's own ceiling (teacher: its VAE round trip)
+        preds["autoencoder"] = episodes.Generated(runner.reconstruct(truth.frames))
     preds["copy_first_frame"] = baselines.copy_first_frame(truth)
     preds["shifted"] = baselines.shifted(truth, cfg.shift_frames)
 
