@@ -122,16 +122,42 @@ def read_frames(path: str | os.PathLike[str], indices: Sequence[int], out_w: int
     return np.stack([got[int(i)] for i in indices])
 
 
+class VideoWriter:
+    """Frames appended in any number of calls to one video stream (timestamps k / fps), so
+    several episodes can go back to back into one file. Even sizes are required by yuv420p."""
+
+    def __init__(self, path: str | os.PathLike[str], fps: float, width: int, height: int,
+                 codec: str = "libx264", crf: int = 12, gop: int = 16):
+        self.container = av.open(os.fspath(path), "w")
+        self.stream = self.container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+        self.stream.width, self.stream.height = width, height
+        self.stream.pix_fmt = "yuv420p"
+        if codec == "libx264":
+            self.stream.options = {"crf": str(crf), "preset": "ultrafast", "g": str(gop)}
+        elif codec == "libsvtav1":
+            self.stream.options = {"crf": str(crf), "g": str(gop), "preset": "12"}
+
+    def write(self, frames_thw3: np.ndarray) -> None:
+        for img in np.asarray(frames_thw3, np.uint8):
+            self.container.mux(self.stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+
+    def close(self) -> None:
+        self.container.mux(self.stream.encode(None))
+        self.container.close()
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self.container.close()
+
+
 def write_video(path: str | os.PathLike[str], frames_thw3: np.ndarray, fps: float,
                 codec: str = "libx264", crf: int = 12) -> None:
     """Write uint8 RGB frames (fixtures, debugging). Even sizes are required by yuv420p."""
     frames_thw3 = np.asarray(frames_thw3, np.uint8)
-    with av.open(os.fspath(path), "w") as c:
-        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
-        s.width, s.height = frames_thw3.shape[2], frames_thw3.shape[1]
-        s.pix_fmt = "yuv420p"
-        if codec == "libx264":
-            s.options = {"crf": str(crf), "preset": "ultrafast", "g": "16"}
-        for img in frames_thw3:
-            c.mux(s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
-        c.mux(s.encode(None))
+    with VideoWriter(path, fps, frames_thw3.shape[2], frames_thw3.shape[1], codec, crf) as w:
+        w.write(frames_thw3)
