@@ -107,9 +107,7 @@ def read_frames(path: str | os.PathLike[str], indices: Sequence[int], out_w: int
                     continue
                 i = int(round(float((frame.pts - start) * tb) * fps))
                 if i in remaining:
-                    img = frame.reformat(width=g.resized_w, height=g.resized_h, format="rgb24",
-                                         interpolation="AREA").to_ndarray()
-                    got[i] = img[g.y0:g.y0 + out_h, g.x0:g.x0 + out_w]
+                    got[i] = _resize_crop_frame(frame, g)
                     remaining.discard(i)
                 if not remaining or i > wanted[-1]:
                     break
@@ -120,6 +118,18 @@ def read_frames(path: str | os.PathLike[str], indices: Sequence[int], out_w: int
         raise DataError(path, "truncated video",
                         f"{len(missing)} of {len(wanted)} frames missing, first {missing[0]}")
     return np.stack([got[int(i)] for i in indices])
+
+
+def _resize_crop_frame(frame: av.VideoFrame, g: CropGeometry) -> np.ndarray:
+    img = frame.reformat(width=g.resized_w, height=g.resized_h, format="rgb24", interpolation="AREA").to_ndarray()
+    return img[g.y0:g.y0 + g.out_h, g.x0:g.x0 + g.out_w]
+
+
+def resize_crop(frames_thw3: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+    """Decoded RGB frames (T, h, w, 3) → (T, out_h, out_w, 3), resized and cropped as `read_frames` does."""
+    frames_thw3 = np.asarray(frames_thw3, np.uint8)
+    g = crop_geometry(frames_thw3.shape[2], frames_thw3.shape[1], out_w, out_h)
+    return np.stack([_resize_crop_frame(av.VideoFrame.from_ndarray(f, format="rgb24"), g) for f in frames_thw3])
 
 
 class VideoWriter:
