@@ -235,8 +235,33 @@ class RldsSource(ClipSource):
         if action_norm:
             raw = (info.metadata or {}).get("action_stats", {})
             self.action_stats = robot_lib.action_stats(raw, action_norm, self.path("metadata.json"))
-        self.num_episodes = info.splits[split].num_examples
+        self._shard_lengths = list(info.splits[split].shard_lengths)
+        self.shards, self.num_episodes = self._check_shards(info.splits[split])
         self._data = None
+
+    @staticmethod
+    def _check_shards(split_info) -> tuple[list[str], int]:
+        """Each shard is there and holds the records dataset_info.json counts (a cut ArrayRecord
+        file opens with fewer, often 0); returns the shard paths and the episode count."""
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        paths = [os.fspath(p) for p in split_info.filepaths]
+        for path, want in zip(paths, split_info.shard_lengths):
+            if not os.path.isfile(path):
+                raise DataError(path, "missing file")
+            try:
+                reader = ArrayRecordReader(path)
+                got = reader.num_records()
+                reader.close()
+            except Exception as e:  # noqa: BLE001 -- riegeli raises RuntimeError/ValueError/OSError
+                raise DataError(path, "unreadable ArrayRecord shard", f"{type(e).__name__}: {e}") from e
+            if got != int(want):
+                raise DataError(path, "truncated or mismatched shard", f"{got} records, dataset_info.json says {want}")
+        return paths, int(sum(int(n) for n in split_info.shard_lengths))
+
+    def _shard_of(self, i: int) -> str:
+        ends = np.cumsum([int(n) for n in self._shard_lengths])
+        return self.shards[int(np.searchsorted(ends, i, side="right"))]
 
     def data(self):
         """The split as a TFDS data source (random access, decoded with NumPy; opened once per process)."""
@@ -257,35 +282,35 @@ class RldsSource(ClipSource):
 
     def _episode(self, episode: str) -> dict:
         i = int(episode.rsplit("_", 1)[1])
+        data = self.data()
         try:
-            return self.data()[i]
-        except DataError:
-            raise
+            return data[i]
         except Exception as e:  # noqa: BLE001 -- a damaged record: ArrayRecord/protobuf errors vary
-            raise DataError(self.root, "unreadable record", f"{episode}: {type(e).__name__}: {e}") from e
+            raise DataError(self._shard_of(i), "unreadable record", f"{episode}: {type(e).__name__}: {e}") from e
 
     def num_samples(self, episode: str) -> int:
         n = len(self._episode(episode)["steps"])
         if n == 0:
-            raise DataError(self.root, "empty episode", episode)
+            raise DataError(self._shard_of(int(episode.rsplit("_", 1)[1])), "empty episode", episode)
         return clips_lib.resampled_length(n, self.fps, self.cfg.fps)
 
     def load(self, ref: ClipRef) -> Sample:
         cfg = self.cfg
         steps = self._episode(ref.episode)["steps"]
+        shard = self._shard_of(int(ref.episode.rsplit("_", 1)[1]))
         idx = clips_lib.resample_indices(ref.start, cfg.num_frames, self.fps, cfg.fps)
         if idx[-1] >= len(steps):
-            raise DataError(self.root, "truncated episode", f"{ref.episode} has {len(steps)} steps")
+            raise DataError(shard, "truncated episode", f"{ref.episode} has {len(steps)} steps")
         try:
             got = [steps[int(i)] for i in idx]
         except Exception as e:  # noqa: BLE001 -- a damaged image or tensor inside the record
-            raise DataError(self.root, "unreadable record", f"{ref.episode}: {type(e).__name__}: {e}") from e
+            raise DataError(shard, "unreadable record", f"{ref.episode}: {type(e).__name__}: {e}") from e
         obs = [s["observation"] for s in got]
         text = got[0]["language_instruction"]
         out: Sample = {"frame_index": idx,
                        "text": clips_lib.text_array(text.decode() if isinstance(text, bytes) else str(text))}
         if self.actions:
-            acts = check_finite(self.root, "actions", np.stack([s["action"] for s in got]).astype(np.float32))
+            acts = check_finite(shard, "actions", np.stack([s["action"] for s in got]).astype(np.float32))
             out |= {"actions": robot_lib.normalize_actions(acts, self.action_stats, self.action_norm)
                     .astype(np.float32), "has_actions": np.asarray(True)}
         else:
@@ -293,6 +318,6 @@ class RldsSource(ClipSource):
         hands = (np.stack([o["hand_points"] for o in obs]).reshape(len(obs), -1).astype(np.float32),
                  np.stack([o["hand_valid"] for o in obs]).reshape(len(obs), -1).astype(np.float32),
                  np.asarray(obs[0]["camera_intrinsics"], np.float32)) if self.has_hands else (None, None, None)
-        out |= ep_lib.skeleton_sample(self.root, *hands, self.size, cfg, cfg.min_valid_fraction)
+        out |= ep_lib.skeleton_sample(shard, *hands, self.size, cfg, cfg.min_valid_fraction)
         out["video"] = video_lib.resize_crop(np.stack([o[self.image_key] for o in obs]), cfg.width, cfg.height)
         return out
