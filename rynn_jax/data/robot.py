@@ -55,6 +55,12 @@ def read_vectors(path: str, column: str, width: int) -> np.ndarray:
     return column_vectors(table, column, width, path)
 
 
+def vectors(x: np.ndarray) -> pa.Array:
+    """(rows, width) floats → a fixed-size-list parquet column (the robot layout's vectors)."""
+    x = np.ascontiguousarray(x, np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+
+
 def column_vectors(table: pa.Table, column: str, width: int, path: str) -> np.ndarray:
     """A list/fixed-size-list column of a table read from `path` → float32 (rows, width)."""
     if column not in table.column_names:

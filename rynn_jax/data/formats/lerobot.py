@@ -205,11 +205,6 @@ def _write_tasks(out: Path, tasks: list[str]) -> None:
         pq.write_table(table.replace_schema_metadata(meta), tmp)
 
 
-def _vectors(x: np.ndarray) -> pa.Array:
-    x = np.ascontiguousarray(x, np.float32)
-    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
-
-
 def _write_group(root: str, out: Path, k: int, group: Sequence[ep_lib.EpisodeInfo], sig: dict, feats: dict,
                  fps: float, cfg: LeRobotExportConfig) -> dict:
     """Data, videos and episode metadata of file k; returns per-camera pixel sums for the stats."""
@@ -262,7 +257,7 @@ def _write_group(root: str, out: Path, k: int, group: Sequence[ep_lib.EpisodeInf
         data = {}
         for c, parts in columns.items():
             x = np.concatenate(parts)
-            data[c] = _vectors(x) if x.ndim == 2 else pa.array(
+            data[c] = robot_lib.vectors(x) if x.ndim == 2 else pa.array(
                 x.astype(np.float32 if c == "timestamp" else np.int64))
         pq.write_table(pa.table(data), tmp["data"])
         pq.write_table(pa.table(episodes), tmp["meta"])
