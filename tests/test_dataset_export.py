@@ -82,7 +82,7 @@ def test_round_trip_gives_the_episodes_back(exported, fmt):
         want = robot_lib.RobotSource(base / "robot", whole(n), strict=True).load(ClipRef(f"episode_{e:06d}", 0))
         np.testing.assert_array_equal(got["actions"], fx.known_actions(n, e))  # float32, bit for bit
         assert [fx.decode_frame_code(f) for f in got["video"]] == list(range(n))
-        # codec tolerance: H.264 (crf 18) and JPEG (q 95) of flat grey fields
+        # codec tolerance: H.264 (crf 12) and JPEG (q 95) of flat grey fields
         assert np.abs(got["video"].astype(int) - fx.frame_coded_video(n, W, H)).mean() < 1.0
         assert str(got["text"]) == TASKS[e]
         for k in ("joints_cam", "elbows_cam", "valid", "uv", "depth", "intrinsics"):

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The export settings (shared by this command and `serve.py generate --format`)."""
     p.add_argument("--episodes-per-file", type=int, default=100, help="LeRobot: episodes per data/video file")
     p.add_argument("--codec", default="libx264", choices=CODECS, help="LeRobot: video codec")
-    p.add_argument("--crf", type=int, default=18, help="LeRobot: video quality (lower = closer frames, larger files)")
+    p.add_argument("--crf", type=int, default=12, help="LeRobot: video quality (lower = closer frames, larger files)")
     p.add_argument("--jpeg-quality", type=int, default=95, help="RLDS: JPEG quality of the frames")
     p.add_argument("--rlds-file-format", default="array_record", choices=("array_record", "tfrecord"),
                    help="RLDS: shard format (tfrecord needs TensorFlow)")

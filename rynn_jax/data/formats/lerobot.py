@@ -66,7 +66,7 @@ INDEX_KEYS = ("timestamp", "frame_index", "episode_index", "index", "task_index"
 class LeRobotExportConfig:
     episodes_per_file: int = 100  # episodes per data/video file (81 frames at 480×832: ~100-200 MB of video)
     codec: str = "libx264"  # "libsvtav1" is LeRobot's own default; H.264 encodes faster, both decode there
-    crf: int = 18  # quality (lower = larger files, closer frames)
+    crf: int = 12  # quality: the robot layout's own (lower = larger files, closer frames)
     gop: int = 16  # keyframe interval in frames (random access cost)
     robot_type: str = "rynn_bimanual_54dof"
 
