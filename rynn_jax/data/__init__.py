@@ -10,6 +10,7 @@
   preencode.py  offline VAE pre-encoding CLI (python -m rynn_jax.data.preencode)
   pipeline.py   grain: shuffle, per-process sharding, mixture, batching, prefetch, device_put, state
   fixtures.py   tiny synthetic episodes in each exact format (tests, benchmarks)
+  formats/      robot-layout episodes ↔ LeRobot v3 and RLDS (export CLI, LeRobotSource, RldsSource)
 """
 
 from rynn_jax.data.clips import ClipConfig, ClipRef

@@ -271,11 +271,16 @@ def make_source(kind: str, root: str, clip_cfg: ClipConfig, strict: bool) -> Cli
     from rynn_jax.data.robot import RobotSource
     from rynn_jax.data.vitra import VitraSource
 
-    cls = {"egodex": EgoDexSource, "vitra": VitraSource, "robot": RobotSource}[kind]
+    if kind == "lerobot":
+        from rynn_jax.data.formats.lerobot import LeRobotSource as cls
+    elif kind == "rlds":  # TFDS loads only for this source
+        from rynn_jax.data.formats.rlds import RldsSource as cls
+    else:
+        cls = {"egodex": EgoDexSource, "vitra": VitraSource, "robot": RobotSource}[kind]
     return cls(root, clip_cfg, strict=strict)
 
 
-DEFAULT_FRAMES = {"egodex": 81, "vitra": 25, "robot": 81}
+DEFAULT_FRAMES = {"egodex": 81, "vitra": 25, "robot": 81, "lerobot": 81, "rlds": 81}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -27,6 +27,7 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rynn_jax.data import clips as clips_lib
@@ -51,6 +52,19 @@ def read_vectors(path: str, column: str, width: int) -> np.ndarray:
         table = pq.read_table(path, columns=[column])
     except (OSError, ValueError, KeyError) as e:  # ArrowInvalid is a ValueError
         raise DataError(path, "unreadable parquet", str(e)) from e
+    return column_vectors(table, column, width, path)
+
+
+def vectors(x: np.ndarray) -> pa.Array:
+    """(rows, width) floats → a fixed-size-list parquet column (the robot layout's vectors)."""
+    x = np.ascontiguousarray(x, np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+
+
+def column_vectors(table: pa.Table, column: str, width: int, path: str) -> np.ndarray:
+    """A list/fixed-size-list column of a table read from `path` → float32 (rows, width)."""
+    if column not in table.column_names:
+        raise DataError(path, "bad parquet column", f"no column {column!r}")
     col = table.column(column).combine_chunks()
     try:
         values = np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32)
@@ -59,6 +73,32 @@ def read_vectors(path: str, column: str, width: int) -> np.ndarray:
     if values.size != len(col) * width:
         raise DataError(path, "bad parquet column", f"{column} rows are not {width} wide")
     return values.reshape(len(col), width)
+
+
+def action_stats(raw: dict, action_norm: str, path: str) -> dict[str, np.ndarray]:
+    """The statistics `action_norm` needs ("meanstd": mean, std; "quantile": q01, q99), 54 each."""
+    need = ("mean", "std") if action_norm == "meanstd" else ("q01", "q99")
+    stats = {}
+    for k in need:
+        if k not in raw or np.size(raw[k]) != clips_lib.ACTION_DIM:
+            raise DataError(path, "bad action stats", f"needs {k} with {clips_lib.ACTION_DIM} values")
+        stats[k] = np.asarray(raw[k], np.float32).reshape(clips_lib.ACTION_DIM)
+    return stats
+
+
+def check_action_norm(action_norm: str | None) -> None:
+    if action_norm not in (None, "meanstd", "quantile"):
+        raise ValueError(f"action_norm must be None, 'meanstd' or 'quantile', got {action_norm!r}")
+
+
+def normalize_actions(actions: np.ndarray, stats: dict[str, np.ndarray] | None, action_norm: str | None
+                      ) -> np.ndarray:
+    """Raw actions, (a − mean)/std, or [q01, q99] → [−1, 1]."""
+    if action_norm == "meanstd":
+        return (actions - stats["mean"]) / np.maximum(stats["std"], 1e-6)
+    if action_norm == "quantile":
+        return 2 * (actions - stats["q01"]) / np.maximum(stats["q99"] - stats["q01"], 1e-6) - 1
+    return actions
 
 
 def read_skeleton(path: str) -> dict[str, np.ndarray]:
@@ -83,8 +123,7 @@ class RobotSource(ClipSource):
     def __init__(self, root, cfg: ClipConfig = ClipConfig(num_frames=81), *, strict: bool = False,
                  action_norm: str | None = None):
         super().__init__(root, cfg, strict=strict)
-        if action_norm not in (None, "meanstd", "quantile"):
-            raise ValueError(f"action_norm must be None, 'meanstd' or 'quantile', got {action_norm!r}")
+        check_action_norm(action_norm)
         self.action_norm = action_norm
         self.action_stats = self._stats() if action_norm else None
 
@@ -95,21 +134,10 @@ class RobotSource(ClipSource):
                 raw = json.load(f)
         except (OSError, ValueError) as e:
             raise DataError(path, "unreadable action stats", str(e)) from e
-        need = ("mean", "std") if self.action_norm == "meanstd" else ("q01", "q99")
-        stats = {}
-        for k in need:
-            if k not in raw or len(raw[k]) != clips_lib.ACTION_DIM:
-                raise DataError(path, "bad action stats", f"needs {k} with {clips_lib.ACTION_DIM} values")
-            stats[k] = np.asarray(raw[k], np.float32)
-        return stats
+        return action_stats(raw, self.action_norm, path)
 
     def normalize(self, actions: np.ndarray) -> np.ndarray:
-        s = self.action_stats
-        if self.action_norm == "meanstd":
-            return (actions - s["mean"]) / np.maximum(s["std"], 1e-6)
-        if self.action_norm == "quantile":
-            return 2 * (actions - s["q01"]) / np.maximum(s["q99"] - s["q01"], 1e-6) - 1
-        return actions
+        return normalize_actions(actions, self.action_stats, self.action_norm)
 
     def episodes(self) -> list[str]:
         found = glob.glob(os.path.join(self.root, "**", METADATA_FILE), recursive=True)

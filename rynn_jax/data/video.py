@@ -107,9 +107,7 @@ def read_frames(path: str | os.PathLike[str], indices: Sequence[int], out_w: int
                     continue
                 i = int(round(float((frame.pts - start) * tb) * fps))
                 if i in remaining:
-                    img = frame.reformat(width=g.resized_w, height=g.resized_h, format="rgb24",
-                                         interpolation="AREA").to_ndarray()
-                    got[i] = img[g.y0:g.y0 + out_h, g.x0:g.x0 + out_w]
+                    got[i] = _resize_crop_frame(frame, g)
                     remaining.discard(i)
                 if not remaining or i > wanted[-1]:
                     break
@@ -122,16 +120,54 @@ def read_frames(path: str | os.PathLike[str], indices: Sequence[int], out_w: int
     return np.stack([got[int(i)] for i in indices])
 
 
+def _resize_crop_frame(frame: av.VideoFrame, g: CropGeometry) -> np.ndarray:
+    img = frame.reformat(width=g.resized_w, height=g.resized_h, format="rgb24", interpolation="AREA").to_ndarray()
+    return img[g.y0:g.y0 + g.out_h, g.x0:g.x0 + g.out_w]
+
+
+def resize_crop(frames_thw3: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+    """Decoded RGB frames (T, h, w, 3) → (T, out_h, out_w, 3), resized and cropped as `read_frames` does."""
+    frames_thw3 = np.asarray(frames_thw3, np.uint8)
+    g = crop_geometry(frames_thw3.shape[2], frames_thw3.shape[1], out_w, out_h)
+    return np.stack([_resize_crop_frame(av.VideoFrame.from_ndarray(f, format="rgb24"), g) for f in frames_thw3])
+
+
+class VideoWriter:
+    """Frames appended in any number of calls to one video stream (timestamps k / fps), so
+    several episodes can go back to back into one file. Even sizes are required by yuv420p."""
+
+    def __init__(self, path: str | os.PathLike[str], fps: float, width: int, height: int,
+                 codec: str = "libx264", crf: int = 12, gop: int = 16):
+        self.container = av.open(os.fspath(path), "w")
+        self.stream = self.container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+        self.stream.width, self.stream.height = width, height
+        self.stream.pix_fmt = "yuv420p"
+        if codec == "libx264":
+            self.stream.options = {"crf": str(crf), "preset": "ultrafast", "g": str(gop)}
+        elif codec == "libsvtav1":
+            self.stream.options = {"crf": str(crf), "g": str(gop), "preset": "12"}
+
+    def write(self, frames_thw3: np.ndarray) -> None:
+        for img in np.asarray(frames_thw3, np.uint8):
+            self.container.mux(self.stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+
+    def close(self) -> None:
+        self.container.mux(self.stream.encode(None))
+        self.container.close()
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self.container.close()
+
+
 def write_video(path: str | os.PathLike[str], frames_thw3: np.ndarray, fps: float,
                 codec: str = "libx264", crf: int = 12) -> None:
     """Write uint8 RGB frames (fixtures, debugging). Even sizes are required by yuv420p."""
     frames_thw3 = np.asarray(frames_thw3, np.uint8)
-    with av.open(os.fspath(path), "w") as c:
-        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
-        s.width, s.height = frames_thw3.shape[2], frames_thw3.shape[1]
-        s.pix_fmt = "yuv420p"
-        if codec == "libx264":
-            s.options = {"crf": str(crf), "preset": "ultrafast", "g": "16"}
-        for img in frames_thw3:
-            c.mux(s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
-        c.mux(s.encode(None))
+    with VideoWriter(path, fps, frames_thw3.shape[2], frames_thw3.shape[1], codec, crf) as w:
+        w.write(frames_thw3)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.data import robot as robot_data
+from rynn_jax.data.robot import vectors
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.render.preview import save_video
 from rynn_jax.sim import scenes
@@ -44,12 +45,6 @@ DEPTH_FILE, FLOW_FILE, SEG_FILE = "depth.npz", "flow.npz", "segmentation.npz"
 
 def episode_dir(root: str | os.PathLike, task: str, attempt: int) -> Path:
     return Path(root) / task / f"episode_{attempt:06d}"
-
-
-def vectors(x: np.ndarray) -> pa.Array:
-    """(rows, width) floats → a fixed-size-list parquet column (the robot layout's vectors)."""
-    x = np.ascontiguousarray(x, np.float32)
-    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
 
 
 def write_episode(ep: Episode, directory: str | os.PathLike) -> Path:

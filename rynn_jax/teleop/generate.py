@@ -1,6 +1,7 @@
 """Batch generation of training episodes: operator streams → (video, 54-D action) robot episodes.
 
     python serve.py generate --streams DIR --out DIR [--batch 4] [--frames 81] [--dit DIR --vae DIR]
+                             [--format robot|lerobot|rlds]
 
 Input: every directory under `--streams` that holds `operator_stream.npz` (a recorded
 `rynn-teleop-stream/1` file whose meta has the head camera pose `T_world_camera`) and
@@ -31,6 +32,10 @@ operator holds still) and its frames past `--frames` are dropped. Each episode i
 is finished and redoes what was cut. A stream that cannot be used (unreadable, too short, no
 camera pose, no moment with all five trackers to calibrate on, no embedding for its prompt) is listed in `<out>/failures.json` with the reason; the others are
 generated, and the exit status is 1.
+
+`--format lerobot` / `rlds`: the episodes go to `<out>/episodes/` (the layout above, resumable as
+above) and the finished ones are then exported to `<out>/lerobot/` (LeRobot v3) or `<out>/rlds/`
+(RLDS, TFDS ArrayRecord) by `rynn_jax.data.formats.export`, which also brings an export up to date.
 
 An episode's noise comes from `--seed` and its name alone (`episode_key`; the batched session
 draws each sample from its own key), so the same episode comes out whatever `--batch`, whichever
@@ -63,6 +68,7 @@ from tqdm import tqdm
 from rynn_jax import compile_cache, errors
 from rynn_jax.data import robot as robot_data
 from rynn_jax.data import video as video_lib
+from rynn_jax.data.formats import export as formats_export
 from rynn_jax.data.preencode import TextEmbeddingStore
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.cli import retarget_stream
@@ -414,18 +420,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     p.add_argument("--sequential", action="store_true",
                    help="no threads: prepare, generate and write one after the other (same episodes, slower)")
+    p.add_argument("--format", default="robot", choices=("robot",) + formats_export.FORMATS,
+                   help="robot: the episodes in --out; lerobot / rlds: episodes in --out/episodes, then "
+                        "exported to --out/lerobot or --out/rlds (data/README.md)")
+    formats_export.add_arguments(p)
     a = p.parse_args(argv)
+    if a.format != "robot":
+        formats_export.check_arguments(a)
+    episodes = Path(a.out) / "episodes" if a.format != "robot" else Path(a.out)
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     height, width = a.resolution
-    summary = generate(Path(a.streams), Path(a.out), batch=a.batch, num_frames=a.frames, seed=a.seed,
+    summary = generate(Path(a.streams), episodes, batch=a.batch, num_frames=a.frames, seed=a.seed,
                        height=height, width=width, image=Path(a.image) if a.image else None,
                        task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text,
                        text_embeddings=a.text_embeddings, fp8=a.fp8,
                        fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae,
                        pipeline=not a.sequential)
+    if a.format != "robot" and summary["episodes_in_out"]:  # what finished is exported, failures or not
+        summary["export"] = formats_export.export(a.format, str(episodes), os.path.join(a.out, a.format), a)
     print(json.dumps(summary, indent=1))
     if summary["failed"]:
-        print(f"{len(summary['failed'])} stream(s) failed, see {os.path.join(a.out, FAILURES_FILE)}")
+        print(f"{len(summary['failed'])} stream(s) failed, see {episodes / FAILURES_FILE}")
         return 1
     return 0
