@@ -197,6 +197,8 @@ def test_encoder_equals_the_reference_pipeline_at_full_padding(checkpoints):
 def test_encode_prompts_writes_what_generate_and_preencode_read(checkpoints, tmp_path):
     import serve
     from rynn_jax.data.preencode import TextEmbeddingStore
+    from rynn_jax.kinematics import streams
+    from rynn_jax.teleop.session import synthetic_stream
 
     root, _, models = checkpoints
     _, _, pth = models["odd"]
@@ -204,11 +206,15 @@ def test_encode_prompts_writes_what_generate_and_preencode_read(checkpoints, tmp
     episode = tmp_path / "episodes" / "ep0"
     episode.mkdir(parents=True)
     (episode / "metadata.json").write_text(json.dumps({"task_description": "open the lid"}))
+    stream = synthetic_stream(5)
+    stream.meta["task_description"] = "hand over the apple"
+    (episode.parent / "stream0").mkdir()
+    streams.write(episode.parent / "stream0" / "operator_stream.npz", stream)
     out = tmp_path / "emb"
     assert serve.main(["encode-prompts", "--checkpoint", str(pth), "--prompts", str(tmp_path / "p.jsonl"),
                        "--episodes", str(tmp_path / "episodes"), "--out", str(out), "--dtype", "float32",
                        "--text-len", "16"]) == 0
-    prompts = ["", "open the lid", "stack the green cups"]
+    prompts = ["", "hand over the apple", "open the lid", "stack the green cups"]
     names = {hashlib.sha256(p.encode()).hexdigest() + ".safetensors" for p in prompts}
     assert {f.name for f in out.glob("*.safetensors")} == names  # the empty prompt's included, once
     index = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
@@ -288,3 +294,35 @@ def test_text_encoder_refuses_a_tokenizer_bigger_than_its_vocabulary(checkpoints
     model = umt5.init_umt5(umt5.UMT5Config.tiny(vocab_size=tok.vocab_size - 1))
     with pytest.raises(InputError, match="not this checkpoint's tokenizer"):
         TextEncoder(model, tok)
+
+
+_SHARDED = """
+import json, sys
+import numpy as np
+from rynn_jax import sharding
+from rynn_jax.models.umt5_weights import load_umt5
+from rynn_jax.text_encoder import TextEncoder, load_text_encoder
+from rynn_jax.tokenizer import UMT5Tokenizer, find_tokenizer
+pth, prompts = sys.argv[1], json.loads(sys.argv[2])
+sharded = load_text_encoder(pth, max_len=40, dtype="float32", batch_size=3)  # 4 devices: FSDP mesh
+assert sharded.mesh is not None and sharded.batch_size == 4
+sharding.check_sharded(sharded._state, min_size=200)  # embedding and block weights split 4 ways
+alone = TextEncoder(load_umt5(pth, dtype="float32"), UMT5Tokenizer(find_tokenizer(pth), max_len=40))
+err = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(sharded.encode(prompts), alone.encode(prompts)))
+print(json.dumps({"err": err}))
+"""
+
+
+def test_sharded_encoder_equals_single_device(checkpoints):
+    """The encoder sharded over a 4-device CPU mesh by the rules table gives one device's states."""
+    import os
+    import subprocess
+    import sys
+
+    _, _, models = checkpoints
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", _SHARDED, str(models["odd"][2]), json.dumps(PROMPTS)], env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["err"] <= RTOL
