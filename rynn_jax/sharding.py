@@ -44,6 +44,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("out_channels", None),
     ("conv_out", None),
     ("lora_rank", None),  # LoRA's inner dimension: small, replicated
+    ("vocab", None),  # umT5 token embedding rows (its "embed" columns follow the fsdp rule)
+    ("rel_buckets", None),  # umT5 relative-position bias tables: small, replicated
 )
 
 

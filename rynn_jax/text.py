@@ -1,11 +1,27 @@
-"""Text conditioning: precomputed umT5-XXL embeddings in, a fixed 512-slot context out.
+"""Text conditioning: umT5-XXL embeddings in, a fixed 512-slot context out.
 
-rynn-jax does not run umT5 itself; prompts arrive as embeddings saved to safetensors (as the
-released RynnWorld examples ship them). The DiT always sees `text_len` slots: the embedding is
-trimmed to its true length and zero-padded, as the reference pipelines do. With no embedding at all
-we use an all-zero context. NOTE: for official weights that is *not* the same as umT5("") — the
-empty prompt still yields non-zero embeddings for its end-of-sequence token — so results differ
-slightly from the reference's "empty prompt"; save umT5("") once and pass it for exact behaviour.
+Prompts arrive as embeddings saved to safetensors, one file per prompt named
+`<sha256(prompt)>.safetensors` (as the released RynnWorld examples ship them). The DiT always sees
+`text_len` slots: the embedding is trimmed to its true length and zero-padded, as the reference
+pipelines do. With no embedding at all we use an all-zero context.
+
+Making embeddings from a umT5 checkpoint (Wan's `models_t5_umt5-xxl-enc-bf16.pth` with its
+`google/umt5-xxl/spiece.model`, or a Hugging Face / diffusers `text_encoder/` + `tokenizer/`),
+in JAX (`rynn_jax.text_encoder`, no PyTorch):
+
+    python serve.py encode-prompts --checkpoint CKPT --prompts prompts.txt --out text_embeddings
+    python serve.py encode-prompts --checkpoint CKPT --episodes data/robot --out text_embeddings
+
+`--prompts` takes a text file (one prompt a line) or JSONL (strings, or objects with a "prompt",
+"text" or "task_description" field); `--episodes` the task descriptions of the episodes
+(`*/metadata.json`) and operator streams (`operator_stream.npz`) under a directory. The output
+directory is what `serve.py generate --text-embeddings` and `rynn_jax.data.preencode
+--text-embeddings` read; it always holds umT5("") as well, so an episode without a description
+gets what Wan means by "no prompt" (the all-zero context is not that: the empty prompt still
+has its end-of-sequence token). `serve.py generate --text-encoder CKPT` encodes on the fly instead.
+
+Without a checkpoint, `python -m rynn_jax.text` writes *hashed* embeddings (below): a fixed,
+distinct context per task, which is all the synthetic world needs.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -81,31 +98,45 @@ def hashed_embedding(prompt: str, length: int, dim: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((length, dim)).astype(np.float32)
 
 
-def write_hashed_embeddings(prompts: list[str], out: str, length: int, dim: int) -> list[str]:
-    """Write each prompt's hashed embedding as `<out>/<sha256(prompt)>.safetensors`; returns paths."""
+def write_embedding(out: str, prompt: str, emb_sd: np.ndarray) -> str:
+    """Save one prompt's (S, D) embedding as `<out>/<sha256(prompt)>.safetensors` (whole or not at
+    all); returns the path."""
     from safetensors.numpy import save_file
 
+    path = os.path.join(out, prompt_file_name(prompt))
+    tmp = path + ".tmp"
+    save_file({"text_embedding": np.ascontiguousarray(emb_sd, np.float32)}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def write_hashed_embeddings(prompts: list[str], out: str, length: int, dim: int) -> list[str]:
+    """Write each prompt's hashed embedding as `<out>/<sha256(prompt)>.safetensors`; returns paths."""
     os.makedirs(out, exist_ok=True)
-    paths = []
-    for prompt in sorted(set(prompts)):
-        path = os.path.join(out, prompt_file_name(prompt))
-        tmp = path + ".tmp"
-        save_file({"text_embedding": hashed_embedding(prompt, length, dim)}, tmp)
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
+    return [write_embedding(out, prompt, hashed_embedding(prompt, length, dim)) for prompt in sorted(set(prompts))]
+
+
+STREAM_FILE = "operator_stream.npz"  # a recorded operator stream (rynn_jax.kinematics.streams)
 
 
 def episode_prompts(root: str) -> list[str]:
-    """Distinct `task_description`s of the episodes (`*/metadata.json`) under `root`."""
+    """Distinct `task_description`s of the episodes (`*/metadata.json`) and operator streams
+    (`operator_stream.npz`, in their meta) under `root`."""
     found = set()
     for dirpath, _, files in os.walk(root, followlinks=True):
         if "metadata.json" in files:
             with open(os.path.join(dirpath, "metadata.json")) as f:
-                desc = json.load(f).get("task_description")
-            if desc:
-                found.add(desc)
-    return sorted(found)
+                found.add(json.load(f).get("task_description"))
+        if STREAM_FILE in files:
+            path = os.path.join(dirpath, STREAM_FILE)
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    found.add(json.loads(str(z["meta"])).get("task_description") if "meta" in z else None)
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                from rynn_jax import errors
+
+                raise errors.InputError(f"{path}: cannot read its meta ({e})") from None
+    return sorted(p for p in found if p)
 
 
 def main(argv: list[str] | None = None) -> int:

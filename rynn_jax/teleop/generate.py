@@ -20,7 +20,8 @@ Output: one episode per stream, in the robot layout that `rynn_jax.data.robot.Ro
 
 Text: one embedding for all (`--text`), or per stream the umT5 embedding of its task description
 (`--task-description`, else the stream's meta) from `--text-embeddings DIR/<sha256(prompt)>.safetensors`
-(the pre-encoder's naming; a stream whose prompt has no file fails); else the all-zero context.
+(the pre-encoder's naming; a stream whose prompt has no file fails) or encoded on the fly by
+`--text-encoder CKPT` (a umT5 checkpoint, rynn_jax.text_encoder); else the all-zero context.
 
 `--batch B` streams run as one batched `StreamingSession` (one set of executables, compiled once);
 a last, smaller batch is padded with copies of its last stream, whose extra outputs are dropped.
@@ -87,6 +88,8 @@ from rynn_jax.teleop.demo import (
 )
 from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text import empty_context, load_text_context, pad_context
+from rynn_jax.text_encoder import TextEncoder, load_text_encoder
+from rynn_jax.tokenizer import find_tokenizer
 
 if TYPE_CHECKING:
     from rynn_jax.teleop.streaming import StreamingSession
@@ -161,12 +164,20 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
 
 
 def text_contexts(text: str | None, text_embeddings: str | None, text_len: int,
-                  text_dim: int) -> Callable[[str], np.ndarray]:
+                  text_dim: int, text_encoder: TextEncoder | None = None) -> Callable[[str], np.ndarray]:
     """Prompt → (text_len, text_dim) context: one embedding file for all (`text`), the prompt's
     `<sha256(prompt)>.safetensors` in a directory (`text_embeddings`, the pre-encoder's naming;
-    a missing one fails that stream), or the all-zero context."""
+    a missing one fails that stream), the prompt encoded by `text_encoder` (once per prompt), or
+    the all-zero context."""
     if text and text_embeddings:
         raise errors.UsageError("--text / --text-embeddings: give one, not both")
+    if text_encoder is not None:
+        if text or text_embeddings:
+            raise errors.UsageError("--text-encoder: encodes the prompts itself, not with --text / --text-embeddings")
+        if text_encoder.dim != text_dim:
+            raise errors.UsageError(f"--text-encoder: its embeddings are {text_encoder.dim} wide, the DiT reads "
+                                    f"{text_dim}")
+        return functools.lru_cache(maxsize=None)(lambda prompt: pad_context(text_encoder(prompt), text_len))
     if text_embeddings:
         store = TextEmbeddingStore(text_embeddings, missing="error", text_dim=text_dim, text_len=text_len)
         return lambda prompt: pad_context(store(prompt), text_len)
@@ -253,13 +264,16 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
              dit: str | None = None, vae: str | None = None, text: str | None = None,
              text_embeddings: str | None = None, fp8: bool = False, fp8_scales: str | None = None,
              vae_fp8_scales: str | None = None, tae: str | None = None, pipeline: bool = True,
-             session: StreamingSession | None = None) -> dict:
+             session: StreamingSession | None = None, text_encoder: str | None = None,
+             tokenizer: str | None = None) -> dict:
     """Generate every episode not yet finished under `out`; returns the run's summary.
 
     `pipeline`: while the world model runs a batch, threads prepare the next batch's streams
     (IK, skeleton render) and write the previous batch's episodes (MP4 encoding); else each step
     waits for the one before. Both give the same episodes. `session`: an already built
-    `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`."""
+    `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`.
+    `text_encoder`: a umT5 checkpoint encoding each stream's prompt (`tokenizer`: its
+    SentencePiece model, default the one beside it)."""
     # Every flag and shared file checked before anything is built or compiled.
     if batch < 1 or num_frames < 1:
         raise errors.UsageError(f"--batch {batch} / --frames {num_frames}: must be ≥ 1")
@@ -268,8 +282,15 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
                       text=text)
     if text and text_embeddings:
         raise errors.UsageError("--text / --text-embeddings: give one, not both")
+    if text_encoder and (text or text_embeddings):
+        raise errors.UsageError("--text-encoder: encodes the prompts itself, not with --text / --text-embeddings")
     if text_embeddings:
         errors.existing(text_embeddings, "--text-embeddings", kind="directory")
+    if tokenizer and not text_encoder:
+        raise errors.UsageError("--tokenizer: goes with --text-encoder")
+    if text_encoder:
+        errors.existing(text_encoder, "--text-encoder")
+        tokenizer = find_tokenizer(errors.existing(tokenizer, "--tokenizer") if tokenizer else text_encoder)
     t0 = time.perf_counter()
     # Episodes carry a copy of their stream: an --out inside --streams must not feed itself.
     dirs = [d for d in find_streams(streams_root) if not d.resolve().is_relative_to(out.resolve())]
@@ -288,7 +309,10 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     if todo and session is None:  # built up front (its text sizes pick each stream's context), compiled at the first batch
         session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
                                     tae=tae)
-    contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim) if todo else None
+    encoder = load_text_encoder(text_encoder, tokenizer, max_len=session.dit_cfg.text_len,
+                                dtype=session.dit_cfg.dtype) if todo and text_encoder else None
+    contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
+                             encoder) if todo else None
     failures: dict[str, str] = {}
     written: dict[str, int] = {}  # episode → frames
     waits = dict.fromkeys(("prepare", "world_model", "write"), 0.0)  # main-thread seconds spent on (waiting for) each
@@ -413,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text", default=None, help="one precomputed umT5 embedding (.safetensors) for every stream")
     p.add_argument("--text-embeddings", default=None, metavar="DIR",
                    help="per-stream prompts: DIR/<sha256(task description)>.safetensors (data/README.md)")
+    p.add_argument("--text-encoder", default=None, metavar="CKPT",
+                   help="encode each stream's prompt with this umT5 checkpoint (serve.py encode-prompts --help)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE", help="with --text-encoder: its spiece.model "
+                   "(default: found beside the checkpoint)")
     p.add_argument("--fp8", action="store_true", help="FP8 DiT block linears (serve.py demo --help)")
     p.add_argument("--fp8-scales", default=None, metavar="FILE", help="with --fp8: static activation scales")
     p.add_argument("--vae-fp8-scales", default=None, metavar="FILE", help="with --vae: FP8 decoder convs")
@@ -436,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                        task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text,
                        text_embeddings=a.text_embeddings, fp8=a.fp8,
                        fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae,
-                       pipeline=not a.sequential)
+                       pipeline=not a.sequential, text_encoder=a.text_encoder, tokenizer=a.tokenizer)
     if a.format != "robot" and summary["episodes_in_out"]:  # what finished is exported, failures or not
         summary["export"] = formats_export.export(a.format, str(episodes), os.path.join(a.out, a.format), a)
     print(json.dumps(summary, indent=1))
