@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -31,7 +32,7 @@ from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.live import protocol
 from rynn_jax.live.client import LiveClient
 from rynn_jax.live.operator import Kinematics, stream_of
-from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread
+from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread, serve
 from rynn_jax.live.world import LiveWorld, slot_keys
 from rynn_jax.render import render_video
 from rynn_jax.teleop.demo import streaming_session
@@ -416,3 +417,34 @@ def test_the_page_plays_the_sample_and_shows_changing_generated_frames(live):
     assert early.std() > 10 and late.std() > 10, "the generated panel is blank"
     assert np.abs(early - late).mean() > 3, "the generated panel does not change"
     assert text["status"].startswith("streaming") and float(text["latency"]) > 0 and int(text["joints_rate"]) > 10
+
+
+def test_sigterm_closes_every_session_and_writes_its_recording(live, tmp_path):
+    """The module's last test: `serve` stops the shared world model on its way out."""
+    runner, _ = live
+    s = runner.server
+    server = LiveServer(s.world, s.kin, s.contexts, dataclasses.replace(s.cfg, record_dir=tmp_path))
+    frames = protocol.frames_at(synthetic_stream(17, seed=5), streams.VIDEO_FPS)
+
+    async def go():
+        task = asyncio.create_task(serve(server))  # SIGINT / SIGTERM handlers on this (main-thread) loop
+        while server.port is None:
+            await asyncio.sleep(0.05)
+        async with LiveClient(f"ws://127.0.0.1:{server.port}/ws") as c:
+            await c.start(frames="none", record=True, name="cut")
+            await c.until(lambda c: c.count("ready"))
+            for f in frames[:FIRST]:
+                await c.frame(f)
+            await c.until(lambda c: c.count("block") == 1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await c.until(lambda c: c.closed)
+            await asyncio.wait_for(task, 60)
+            return c
+
+    c = run(go())
+    assert (c.close_code, c.close_reason) == (1001, "server shutting down")
+    meta = json.loads((tmp_path / "cut" / robot_data.METADATA_FILE).read_text())
+    assert meta["total_frames"] == FIRST and not list(tmp_path.glob(".cut.*"))  # written whole, scratch gone
+    sample = robot_data.RobotSource(tmp_path, ClipConfig(num_frames=FIRST, height=H, width=W)).load(ClipRef("cut", 0))
+    np.testing.assert_allclose(sample["actions"], [j["action"] for j in c.of("joints")], atol=1e-6)
+    assert not runner.server.world.thread.is_alive()

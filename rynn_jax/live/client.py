@@ -6,8 +6,9 @@
             await c.frame(f)
         await c.until(lambda c: c.count("block") >= 2)
 
-Every message is kept: `messages` (the JSON ones, in order) and `images` (decoded frames:
-kind, index, input time, (H, W, 3) uint8); `sent` maps an input time to when it was sent.
+Every message is kept: `messages` (the JSON ones, in order, each with `_rx`, its arrival on
+`time.monotonic()`) and `images` (decoded frames: kind, index, input time, (H, W, 3) uint8);
+`sent` maps an input time to when it was sent.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ class LiveClient:
         self.messages: list[dict] = []
         self.images: list[tuple[str, int, float, object]] = []
         self.sent: dict[float, float] = {}
-        self.received_at: list[float] = []  # time.monotonic() of each block message
         self.close_code: int | None = None
         self.close_reason = ""
         self._changed = asyncio.Event()
@@ -59,9 +59,8 @@ class LiveClient:
                 break
             if msg.type == aiohttp.WSMsgType.TEXT:
                 m = json.loads(msg.data)
+                m["_rx"] = time.monotonic()  # when it came (latency measurements)
                 self.messages.append(m)
-                if m["type"] == "block":
-                    self.received_at.append(time.monotonic())
             elif msg.type == aiohttp.WSMsgType.BINARY:
                 self.images.append(protocol.decode_frame(msg.data) if self.decode else (chr(msg.data[0]), 0, 0.0, None))
             self._changed.set()

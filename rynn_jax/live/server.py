@@ -127,8 +127,11 @@ class LiveServer:
         self.pool.shutdown(wait=True)
 
     async def _on_shutdown(self, app) -> None:
-        await asyncio.gather(*(c.close(WSCloseCode.GOING_AWAY, "server shutting down") for c in list(self.connections)),
+        conns = list(self.connections)
+        await asyncio.gather(*(c.close(WSCloseCode.GOING_AWAY, "server shutting down") for c in conns),
                              return_exceptions=True)
+        if conns:  # each session's handler saves its recording on the way out
+            await asyncio.wait([asyncio.ensure_future(c.finished.wait()) for c in conns], timeout=60)
         if self.writes:
             await asyncio.gather(*self.writes, return_exceptions=True)
 
@@ -204,11 +207,15 @@ class Connection:
         self.closing = False
         self.saved: Path | None = None
         self._adding: asyncio.Future | None = None  # a block being written to the recording
+        self.finished = asyncio.Event()  # set when the session is over and its recording written
 
     # -- the scheduler's side (model thread) -------------------------------------------------------
 
     def deliver(self, block: Block | None) -> None:
-        self.server.loop.call_soon_threadsafe(self.blocks.put_nowait, block)
+        try:
+            self.server.loop.call_soon_threadsafe(self.blocks.put_nowait, block)
+        except RuntimeError:  # the event loop is gone (the server stopped): nobody to tell
+            pass
 
     # -- the event loop's side ---------------------------------------------------------------------
 
@@ -236,6 +243,7 @@ class Connection:
             await asyncio.gather(*tasks, return_exceptions=True)
             if not self.ws.closed:
                 await self.ws.close()
+            self.finished.set()
 
     async def _flush(self, timeout_s: float = 5.0) -> None:
         """Wait (a bounded time: a client may have stopped reading) for queued messages to go out."""
@@ -362,7 +370,9 @@ class Connection:
             fmt = self.start_msg.frames
             panels = ([("G", block.video)] if fmt != "none" else []) + (
                 [("S", block.skeleton)] if self.start_msg.skeleton and fmt != "none" else [])
-            if panels:
+            if panels and self.blocks.qsize() >= 2:  # encoding is behind: send the newer blocks' frames
+                self.counts["frames_skipped"] += n
+            elif panels:
                 messages = await loop.run_in_executor(self.server.pool, _encode, panels, fmt, first, block)
                 for m in messages:
                     self.send(m)
@@ -394,7 +404,7 @@ class Connection:
                                "p95": round(float(np.percentile(lat, 95)), 2)},
                 "dropped": self.queue.dropped, "held": self.counts["held"], "too_fast": self.counts["too_fast"],
                 "rejected": self.counts["frames_rejected"], "errors": self.counts["errors"],
-                "dropped_out": self.counts["dropped_out"],
+                "dropped_out": self.counts["dropped_out"], "frames_skipped": self.counts["frames_skipped"],
                 "recording": self.recorder.frames if self.recorder is not None else None}
 
     async def _save(self) -> None:
@@ -503,7 +513,7 @@ async def serve(server: LiveServer) -> None:
     print("live: stopped", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> errors.ArgumentParser:
     p = errors.ArgumentParser(prog="python serve.py live", description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (anything but loopback needs a token)")
     p.add_argument("--port", type=int, default=8765)
@@ -526,12 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait", type=float, default=0.5,
                    help="seconds a block waits for a late operator before holding its last pose")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
-    a = p.parse_args(argv)
+    return p
+
+
+def check(a) -> None:
+    """Every flag and file checked before anything is built."""
     if not is_loopback(a.host) and not a.token:
         raise errors.UsageError(f"--host {a.host}: binding beyond localhost needs a token",
                                 fix=f"pass --token or set {TOKEN_ENV}")
-    if a.max_sessions < 1 or not 0 < a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0:
-        raise errors.UsageError("--max-sessions ≥ 1, --port in 1..65535, --max-fps and --idle-timeout > 0")
+    if a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0:
+        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps and "
+                                "--idle-timeout > 0")
     check_resolution(*a.resolution)
     check_model_flags(dit=a.dit, vae=a.vae, tae=a.tae, text=a.text)
     if a.text_embeddings:
@@ -539,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     errors.writable_dir(Path(a.record_dir), "--record-dir")
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    check(a)
     asyncio.run(serve(build(a)))
     return 0
 
