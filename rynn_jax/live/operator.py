@@ -19,7 +19,6 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rynn_jax.kinematics import layout, mjcf_model, retarget, streams
@@ -134,8 +133,8 @@ class Operator:
                 action, pos_err = self.kin.home_action, np.zeros(2, np.float32)
             else:
                 self.state, action, info = _ik_step(self.kin.robot, self.calib, self.state,
-                                                    jnp.asarray(rs["trackers"][0], jnp.float32),
-                                                    jnp.asarray(rs["hands"][0], jnp.float32), cfg=self.kin.cfg)
+                                                    rs["trackers"][0].astype(np.float32),
+                                                    rs["hands"][0].astype(np.float32), cfg=self.kin.cfg)
                 action, pos_err = np.asarray(action), np.asarray(info.ik.pos_err)
         ik_ms = 1e3 * (time.perf_counter() - t)
         msg = {"type": "joints", "t": f.t, "action": action.tolist(), "calibrated": self.calib is not None,
