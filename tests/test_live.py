@@ -115,6 +115,15 @@ def test_frame_messages_parse_and_bad_ones_name_the_problem():
         protocol.parse_binary(bytes(nan_binary))
 
 
+def test_frames_go_out_raw_jpeg_or_webp_with_their_stamps():
+    y, x = np.mgrid[0:H, 0:W]
+    rgb = np.stack([4 * x % 256, 3 * y % 256, (x + y) % 256], -1).astype(np.uint8)  # smooth enough for JPEG
+    for fmt, tol in (("raw", 0), ("jpeg", 12), ("webp", 12)):
+        kind, index, t, back = protocol.decode_frame(protocol.encode_frame("G", rgb, fmt, 41, 2.5625))
+        assert (kind, index, t, back.shape) == ("G", 41, 2.5625, rgb.shape)
+        assert np.abs(back.astype(int) - rgb).mean() <= tol, fmt
+
+
 def test_a_public_bind_needs_a_token(live):
     runner, _ = live
     s = runner.server
