@@ -3,6 +3,7 @@
     python serve.py demo [--out outputs/demo]   # digital-teleoperation demo (bundled sample)
     python serve.py generate --streams DIR --out DIR [--batch B]   # many streams → robot episodes (training data)
     python serve.py encode-prompts --checkpoint CKPT --prompts FILE --out DIR   # prompts → umT5 embeddings
+    python serve.py live [--port 8765] [--max-sessions B]   # live sessions over WebSocket, page at http://127.0.0.1:8765/
     python serve.py calibrate-fp8 --latents SHARDS --out scales.safetensors   # FP8 static activation scales
     python serve.py calibrate-vae-fp8 --latents SHARDS --vae DIR --out vae_scales.safetensors   # the VAE's
 
@@ -15,7 +16,8 @@ import sys
 from rynn_jax import errors
 
 COMMANDS = {"demo": "rynn_jax.teleop.demo:main", "generate": "rynn_jax.teleop.generate:main",
-            "encode-prompts": "rynn_jax.text_encoder:main", "calibrate-fp8": "rynn_jax.teleop.calibrate_fp8:main",
+            "encode-prompts": "rynn_jax.text_encoder:main", "live": "rynn_jax.live.server:main",
+            "calibrate-fp8": "rynn_jax.teleop.calibrate_fp8:main",
             "calibrate-vae-fp8": "rynn_jax.teleop.calibrate_fp8:main_vae"}
 
 

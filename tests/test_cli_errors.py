@@ -122,6 +122,13 @@ def _cases():
          1, "no latent shards"),
         ("calibrate-vae-missing", serve.main, ["calibrate-vae-fp8", "--latents", "{texts}", "--vae", "{out}/nope",
                                                "--out", "{out}/s.safetensors"], 1, "--vae {out}/nope: no such"),
+        # serve.py live
+        ("live-public-without-token", serve.main, ["live", "--host", "0.0.0.0", "--record-dir", "{out}/r"], 2,
+         "--host 0.0.0.0: binding beyond localhost needs a token"),
+        ("live-resolution", serve.main, ["live", "--resolution", "100x100", "--record-dir", "{out}/r"], 2,
+         "--resolution 100x100"),
+        ("live-missing-dit", serve.main, ["live", "--dit", "/nonexistent", "--vae", "/nonexistent", "--record-dir",
+                                          "{out}/r"], 1, "--dit /nonexistent: no such"),
         # python -m rynn_jax.kinematics.cli retarget
         ("retarget-cut", kin_cli.main, ["retarget", f"{{cut}}/{demo.STREAM_FILE}", "{out}/a.npz"], 1,
          "not a readable rynn-teleop-stream/1 file (truncated"),

@@ -18,19 +18,19 @@ import os
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from rynn_jax import errors
 from rynn_jax.atomic import atomic_file
-from rynn_jax.kinematics import fk, layout, mjcf_model, retarget, streams, tracker
+from rynn_jax.kinematics import layout, mjcf_model, retarget, streams, tracker
 
 
 def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale: float = 1.5,
-                    calibrate: bool = True, where: str = "stream") -> dict[str, np.ndarray]:
-    """`where` names the stream in errors and warnings (its file)."""
+                    calibrate: bool = True, where: str = "stream",
+                    cfg: retarget.RetargetConfig = retarget.RetargetConfig()) -> dict[str, np.ndarray]:
+    """`where` names the stream in errors and warnings (its file); `cfg`: the solvers' settings."""
     t0, t1 = stream.span
     if not t1 > t0:
         raise errors.InputError(f"{where}: tracker and hand clocks do not overlap")
@@ -45,11 +45,9 @@ def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale
         if len(first) == 0:
             raise errors.InputError(f"{where}: no time step has all five trackers valid; cannot calibrate",
                                     fix="pass --no-calibrate to use the default calibration")
-        home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
-        poses = tracker.tracker_poses(jnp.asarray(rs["trackers"][first[0]], jnp.float32))
-        calib = tracker.calibrate(calib, poses, home_ee)
+        calib = retarget.calibrated(robot, state, rs["trackers"][first[0]], scale)
     _, actions, info = retarget.trajectory_jit(robot, calib, state, jnp.asarray(rs["trackers"], jnp.float32),
-                                               jnp.asarray(rs["hands"], jnp.float32))
+                                               jnp.asarray(rs["hands"], jnp.float32), cfg)
     actions = np.asarray(actions)
     if not np.all(np.isfinite(actions)):       # guaranteed by construction; fail loudly if not
         raise RuntimeError("non-finite joints in the retargeted actions")

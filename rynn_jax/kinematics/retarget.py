@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rynn_jax.kinematics import hand_retarget, ik, layout, tracker
+from rynn_jax.kinematics import fk, hand_retarget, ik, layout, tracker
 from rynn_jax.kinematics.mjcf_model import Chain, Embodiment
 
 Array = jnp.ndarray
@@ -77,6 +77,14 @@ def initial_state(emb: Embodiment, dtype=jnp.float32) -> RetargetState:
     arm, hand = layout.unpack_action(q)
     return RetargetState(arm, hand, hand, jnp.full((5, 7), jnp.nan, dtype),
                          jnp.full((2, 21, 3), jnp.nan, dtype))
+
+
+def calibrated(robot: Robot, state: RetargetState, trackers_n7: Array, scale: float = 1.5) -> tracker.Calibration:
+    """The default calibration (translation scale `scale`) fitted so that the operator's pose
+    `trackers_n7` (all five valid) maps onto the robot's end effectors at `state` (`tracker.calibrate`)."""
+    home_ee = jax.vmap(fk.chain_tip)(robot.arms, state.arm_q_s7)
+    poses = tracker.tracker_poses(jnp.asarray(trackers_n7, jnp.float32))
+    return tracker.calibrate(tracker.default_calibration(scale=scale), poses, home_ee)
 
 
 def step(robot: Robot, calib: tracker.Calibration, state: RetargetState, trackers_n7: Array,

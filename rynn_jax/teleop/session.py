@@ -8,6 +8,7 @@ camera's pose `T_world_camera` (4×4, OpenCV axes: x right, y down, z forward) i
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from rynn_jax import errors
@@ -17,6 +18,9 @@ from rynn_jax.render import synthetic_hand_motion
 WRIST = {"left": tracker.TRACKERS.index("left_wrist"), "right": tracker.TRACKERS.index("right_wrist")}
 UPPER_ARM = {"left": tracker.TRACKERS.index("left_upper_arm"), "right": tracker.TRACKERS.index("right_upper_arm")}
 CHEST = tracker.TRACKERS.index("chest")
+# Compiled once per length: eager, its few dozen small ops cost ≈ 15 ms per call, which a live
+# session pays at every 16 fps tick.
+_tracker_poses = jax.jit(tracker.tracker_poses)
 
 
 def camera_pose(stream: streams.Stream) -> np.ndarray:
@@ -49,7 +53,7 @@ def hands_in_camera(stream: streams.Stream, t_out: np.ndarray) -> tuple[np.ndarr
     elbows = np.full((len(t_out), 2, 3), np.nan)
     valid = np.zeros((len(t_out), 2, 22), bool)
     for h, side in enumerate(("left", "right")):
-        world_from_wrist = np.asarray(tracker.tracker_poses(rs["trackers"][:, WRIST[side]].astype(np.float32)),
+        world_from_wrist = np.asarray(_tracker_poses(rs["trackers"][:, WRIST[side]].astype(np.float32)),
                                       np.float64)
         kp_h = np.concatenate([rs["hands"][:, h], np.ones((len(t_out), 21, 1))], axis=-1)
         joints[:, h] = np.einsum("ij,tjk,tnk->tni", cam_from_world, world_from_wrist, kp_h)[..., :3]
