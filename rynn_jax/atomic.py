@@ -28,13 +28,21 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+TMP_DIR_SUFFIX = ".tmp"
+
+
+def is_partial_dir(path: str | os.PathLike[str]) -> bool:
+    """A directory `atomic_dir` is still filling (or left behind by a killed writer)."""
+    return os.fspath(path).rstrip("/").endswith(TMP_DIR_SUFFIX)
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty `<final>.tmp` to fill; when the block ends without an error it replaces
     `final`, so a directory without the suffix is always whole (on an error the `.tmp` stays for
     inspection; the next `atomic_dir` of the same name clears it)."""
     final = Path(final)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(final.name + TMP_DIR_SUFFIX)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -225,6 +226,20 @@ def test_data_errors_are_one_line(tmp_path, episodes):
     with pytest.raises(errors.UsageError, match="not TrainConfig or AutoencoderTrainConfig"):
         config_lib.load_config(os.path.join(ROOT, "configs", "distill_tiny.py"),
                                (config_lib.TrainConfig, ae.AutoencoderTrainConfig))
+    # an episode a running data job is still writing is not an episode yet
+    (tmp_path / "ep.tmp").mkdir()
+    assert ae.episode_dirs([str(tmp_path / "ep*")], "data.train_dirs") == [str(tmp_path / "ep")]
+
+
+def test_export_cli_runs_as_a_module(tmp_path):
+    """`python -m …autoencoder export` checks the recipe against the importable module's config class
+    (not __main__'s) and reports a run without checkpoints in one line."""
+    proc = subprocess.run([sys.executable, "-m", "rynn_jax.training.autoencoder", "export", "--config", TINY,
+                           "--set", f"ckpt.dir={tmp_path}/run", "--out", str(tmp_path / "vae")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ckpt.dir"), proc.stderr
+    assert "no checkpoint to export" in proc.stderr and not (tmp_path / "vae").exists()
 
 
 def test_gaussian_kl_matches_torch():

@@ -25,13 +25,13 @@ Read top to bottom: Config → Input → State → Update → Evaluation → Exp
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import dataclasses
 import glob
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 
 import grain
@@ -41,7 +41,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rynn_jax import checkpoints
+from rynn_jax import checkpoints, errors
+from rynn_jax.atomic import is_partial_dir
 from rynn_jax.data import pipeline as pipeline_lib
 from rynn_jax.data import video as video_lib
 from rynn_jax.data.errors import DataError
@@ -128,12 +129,13 @@ Item = tuple[int, str]  # (index into data.videos, path of the video file)
 
 
 def episode_dirs(patterns: Sequence[str], field: str) -> list[str]:
-    """The episode directories that `patterns` (paths or globs) name, in order, each once."""
+    """The episode directories that `patterns` (paths or globs) name, in order, each once; episodes
+    still being written (a data run in progress beside training) are left out."""
     if isinstance(patterns, str):
         patterns = (patterns,)
     dirs: dict[str, None] = {}
     for pattern in patterns:
-        hits = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isdir(p))
+        hits = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isdir(p) and not is_partial_dir(p))
         if not hits:
             raise FileNotFoundError(f"{field}: no episode directory matches {pattern!r}")
         dirs.update(dict.fromkeys(hits))
@@ -491,12 +493,13 @@ def restore(cfg: AutoencoderTrainConfig) -> TrainState:
     restored = ckpt.restore_latest(abstract, None)
     ckpt.close()
     if restored is None:
-        raise FileNotFoundError(f"no checkpoint under {cfg.ckpt.dir}")
+        raise errors.InputError(f"ckpt.dir {cfg.ckpt.dir}: no checkpoint to export (train first, or point "
+                                "--set ckpt.dir=... at the run)")
     return restored
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = errors.ArgumentParser(prog="python -m rynn_jax.training.autoencoder", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="export the newest checkpoint of a run (EMA if kept) and evaluate it")
     e.add_argument("--config", required=True, help="the run's recipe (configs/synthetic_ae.py)")
@@ -515,4 +518,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    # Through the importable module, so that the recipe's AutoencoderTrainConfig is the class checked.
+    from rynn_jax.training import autoencoder
+
+    sys.exit(errors.run(autoencoder.main))
