@@ -18,8 +18,8 @@ scales (models/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
 Blocks run as served (`streaming.SERVING_STEPS`: each block's clean cache pass merged into the
 next block's first denoising pass); `--clean-pass sequential` runs the passes in turn, as before
-session 9. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass copying
-the KV cache, as before session 9, vs one working copy per block) time a variant and its
+the merged pass was served. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass
+copying the KV cache, as before the working cache was served, vs one working copy per block) time a variant and its
 baseline in one process, taking turns chunk by chunk after their warm-up (this bench's run-to-run
 spread between calls is ±3%, more than the differences being measured).
 """

@@ -1,4 +1,4 @@
-"""Distillation of the stage-2 RynnWorld-Teleop 5B model into the 4-step causal student (§3.5).
+"""Distillation of the stage-2 RynnWorld-Teleop 5B model into the 4-step causal student (paper §3.5).
 
     python distill.py --config configs/distill_5b.py:warmup     # phase A, from the stage-2 export
     python distill.py --config configs/distill_5b.py:dmd        # phase B, from phase A's checkpoints

@@ -26,7 +26,7 @@ SHAPE = (2, 3, 4, 6, C)
 
 
 # --------------------------------------------------------------------------------------------------
-# The float64 reference (SPEC §3): per-channel statistics pooled over (B, T, H, W), unbiased σ + 1e-8;
+# The float64 reference (the released RynnWorld training code): per-channel statistics pooled over (B, T, H, W), unbiased σ + 1e-8;
 # running values start at the first batch, then running ← running + 0.01·(batch − running).
 # --------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Embodiment model, FK/Jacobians, SE(3) helpers and the DLS IK (issue 7).
+"""Embodiment model, FK/Jacobians, SE(3) helpers and the DLS IK.
 
 float64 checks run inside `jax.enable_x64(True)` so other test files keep float32.
 """

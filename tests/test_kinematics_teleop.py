@@ -1,4 +1,4 @@
-"""Hand retargeting, tracker chain, the retarget step (bad input), streams and the CLI (issue 7)."""
+"""Hand retargeting, tracker chain, the retarget step (bad input), streams and the CLI."""
 
 from __future__ import annotations
 

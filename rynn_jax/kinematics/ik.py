@@ -1,6 +1,6 @@
 """Differentiable damped-least-squares IK for the 7-DoF arms (RynnWorld-Teleop, Appendix B).
 
-One iteration, exactly the SPEC's recipe:
+One iteration, exactly the paper's recipe:
     e        = [p_t − p ; log(R_t Rᵀ)]                       6-D task error (world frame)
     J = UΣVᵀ, λ = λ_min + 0.01 / (1 + σ_max)                 adaptive damping
     J#_λ     = V diag(σ_i / (σ_i² + λ²)) Uᵀ                  damped pseudo-inverse
@@ -47,8 +47,8 @@ Array = jnp.ndarray
 class IKConfig:
     n_iters: int = 24             # fixed iteration count (static loop length)
     lambda_min: float = 1e-3      # λ_min of the adaptive damping
-    lambda_gain: float = 0.01     # λ = λ_min + lambda_gain / (1 + σ_max)   (SPEC: 0.01)
-    elbow_weight: float = 0.5     # w on the shoulder joints q0, q1           (SPEC: 0.5)
+    lambda_gain: float = 0.01     # λ = λ_min + lambda_gain / (1 + σ_max)   (paper: 0.01)
+    elbow_weight: float = 0.5     # w on the shoulder joints q0, q1           (paper: 0.5)
     elbow_joint: int = 3          # elbow point = origin of this joint (M6 joint 4)
     pin_saturated: bool = True   # re-solve with limit-bound joints pinned (see dls_step)
     max_step: float = 0.4         # per-iteration ‖Δq‖∞ cap [rad]; keeps far targets stable
@@ -138,7 +138,7 @@ def sigma_max(j_mn: Array) -> Array:
 
 
 def adaptive_lambda(j_mn: Array, cfg: IKConfig) -> Array:
-    """The SPEC's λ = λ_min + gain / (1 + σ_max(J))."""
+    """The paper's λ = λ_min + gain / (1 + σ_max(J))."""
     return cfg.lambda_min + cfg.lambda_gain / (1.0 + sigma_max(j_mn))
 
 
@@ -163,7 +163,7 @@ def damped_pinv(j_mn: Array, lam: Array) -> Array:
 
 
 def damped_pinv_svd(j_mn: Array, lam: Array) -> Array:
-    """The SPEC's literal SVD form (reference for tests; not differentiable at σ_i = σ_j)."""
+    """The paper's literal SVD form (reference for tests; not differentiable at σ_i = σ_j)."""
     u, s, vt = jnp.linalg.svd(j_mn, full_matrices=False)
     return (vt.T * (s / (s * s + lam * lam))) @ u.T
 
@@ -179,7 +179,7 @@ def clamp_to_reach(chain: Chain, t_target_44: Array, cfg: IKConfig) -> Array:
     bent by `min_elbow_bend` back onto that sphere about the shoulder (orientation kept).
 
     Why: an operator reaching further than the robot (s = 1.5 scales the reach) otherwise drives
-    the arm into the straight-elbow singularity, where the SPEC's small λ lets the wrist roll
+    the arm into the straight-elbow singularity, where the paper's small λ lets the wrist roll
     joints swing ±0.4 rad per iteration along directions the task barely sees. On the M6 the
     shoulder (joints 1-3) and wrist (5-7) axes meet in points, so the shoulder → wrist-centre
     distance depends on the elbow angle alone and the pulled-in target is reachable."""

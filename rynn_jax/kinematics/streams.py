@@ -41,8 +41,8 @@ from rynn_jax import errors
 from rynn_jax.kinematics import tracker
 
 FORMAT = "rynn-teleop-stream/1"
-VIDEO_FPS = 16.0        # world-model video clock (SPEC: skeleton video at 16 fps)
-CONTROL_HZ = 50.0       # policy rate (SPEC: policy at 50 Hz; arm servo at 200 Hz)
+VIDEO_FPS = 16.0        # world-model video clock (paper: skeleton video at 16 fps)
+CONTROL_HZ = 50.0       # policy rate (paper: policy at 50 Hz; arm servo at 200 Hz)
 MAX_TRACKER_RANGE_M = 5.0   # a tracker this far from the tracking origin is a glitch, not a body
 MAX_HAND_REACH_M = 0.3      # an adult hand spans ~0.2 m from the wrist
 MAX_INVALID_FRACTION = 0.5  # `check` refuses a stream with more of its frames lost than this

@@ -1,4 +1,4 @@
-"""Operator trackers → robot end-effector targets (the SPEC's retargeting chain).
+"""Operator trackers → robot end-effector targets (the paper's retargeting chain, Appendix B).
 
     T_target = T_base · Scale_s(T_chest⁻¹ · T_wrist) · T_ee
 
@@ -33,7 +33,7 @@ class Calibration(NamedTuple):
     t_base_s44: Array       # [2,4,4] robot-frame pose that the operator's chest maps to, per arm
     t_ee_s44: Array         # [2,4,4] wrist tracker → robot palm (IK end-effector) frame
     elbow_offset_s3: Array  # [2,3] elbow point in the upper-arm tracker frame [m]
-    scale: Array            # s: translation-only scale of chest→wrist (SPEC: 1.5)
+    scale: Array            # s: translation-only scale of chest→wrist (paper: 1.5)
 
 
 def default_calibration(chest_pos_3: np.ndarray = np.array([0.0, 0.0, 1.121]),

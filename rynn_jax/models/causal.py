@@ -1,4 +1,4 @@
-"""Block-causal Wan DiT with a static KV cache: the causal student of RynnWorld-Teleop (§3.5).
+"""Block-causal Wan DiT with a static KV cache: the causal student of RynnWorld-Teleop (paper §3.5).
 
 It runs the teacher's parameters unchanged. A chunk's latent frames are cut into blocks of
 `frames_per_block`; attention is bidirectional within a block and causal across blocks. Block 0

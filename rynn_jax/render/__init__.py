@@ -1,4 +1,4 @@
-"""Depth-aware skeleton renderer: hand poses in camera space → RGB pose frames (SPEC §3)."""
+"""Depth-aware skeleton renderer: hand poses in camera space → RGB pose frames (the paper, Sec. 3.2)."""
 
 from rynn_jax.render.rasterize import (
     RenderConfig,

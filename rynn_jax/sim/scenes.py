@@ -1,4 +1,4 @@
-"""Randomized MuJoCo scenes for the paper's four robot tasks (SPEC §3, Stage 2 data).
+"""Randomized MuJoCo scenes for the paper's four robot tasks (its Stage 2 robot data, Sec. 3.4).
 
 Each scene is the 54-DoF embodiment (`kinematics/assets/rynn_bimanual.xml`, loaded unchanged)
 plus a table, the task's objects and lights, built with `mujoco.MjSpec` from a seed:
