@@ -1,11 +1,11 @@
 """Hopper implicit-GEMM kernel for the VAE's causal k_t×3×3 convs (Pallas Mosaic GPU), bf16 or FP8.
 
 Why: the exact Wan2.2 decoder is conv-bound (29.4 TFLOP per 480×832 chunk) and XLA emits no FP8
-convolution (docs/PERFORMANCE.md, "FP8 VAE convolutions"); FP8 tensor cores are the only way below
+convolution (conv_kernel.md, beside this file); FP8 tensor cores are the only way below
 its bf16 floor. Numerics are checked on the CPU in Mosaic GPU's interpret mode (bf16, and FP8 with
 (K, N) weights, see kernel_rows). On an H200 the FP8 kernel alone runs at 977–1,242 TFLOP/s on the
 decoder's big shapes; a whole call, with its operand preparation (a third of it), takes 0.66–0.82×
-of cuDNN's bf16 conv time, the bf16 kernel 1.1–1.5× (bench/bench_conv.py; docs/PERFORMANCE.md);
+of cuDNN's bf16 conv time, the bf16 kernel 1.1–1.5× (bench/bench_conv.py; conv_kernel.md);
 nothing uses it by default (WanVAEConfig.conv_impl="kernel_fp8" opts in, for the decoder).
 
 The layout trick. Pad each frame to (H + kh − 1) rows × Wp columns (Wp a multiple of 8) and flatten

@@ -95,7 +95,7 @@ class WanVAEConfig:
     # 2-D unless "3d". "kernel_bf16" / "kernel_fp8": our Hopper implicit-GEMM kernel
     # (models/conv_kernel.py; Hopper GPUs only; FP8 weights: per output channel max|w|) for every
     # k×3×3 stride-1 conv it takes, fold2d for the rest. H200, decode chunk at 480×832: fold2d
-    # ≈ 49–50 ms; kernel_fp8 47.7 with per-call scales, 36.0 static (docs/PERFORMANCE.md); kernel_bf16
+    # ≈ 49–50 ms; kernel_fp8 47.7 with per-call scales, 36.0 static (models/conv_kernel.md); kernel_bf16
     # is slower than fold2d. Decoder only: the encoder keeps fold2d (`encoder_config`).
     # "emulate_fp8": the convs kernel_fp8 takes, with its FP8 rounding and scales but computed by
     # XLA in float32 (any backend; slow): to measure an FP8 decoder's fidelity, and for tests.

@@ -5,7 +5,7 @@
 the op that produces them. With one calibrated scale per conv ("static") both go away; on an H200
 the streaming decode chunk at 480×832 drops from 47.7–48.1 ms to 43.0 ms, and to 36.0 ms with the
 weights quantized once (also done here) and the FP8 bytes moved as words (fold2d, the bf16
-default: ≈ 49–50 ms; docs/PERFORMANCE.md).
+default: ≈ 49–50 ms; models/conv_kernel.md).
 
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, latent_batches)  # any conv_impl; fold2d runs anywhere
     served = vae_fp8.with_static_scales(model, scales)  # conv_impl="kernel_fp8", static scales
