@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = {"serve.py": "serve", "train.py": "train", "distill.py": "distill"}
+SCRIPTS = {"serve.py": "serve", "train.py": "train", "distill.py": "distill", "eval.py": "eval"}
 # Extra arguments that make a command toy-sized (a later flag overrides an earlier one).
 TOY = {
     "serve.py demo": ["--resolution", "32x64", "--frames", "5", "--episode-frames", "17", "--steps", "1"],

@@ -7,6 +7,7 @@ whole clip, and its latents_mean/std are the statistics NumPy recomputes from th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -125,6 +127,24 @@ def exported(runs, episodes):
     """(config, trained float32 params, exported model as the project's loader loads it)."""
     cfg = _cfg(episodes, runs[0])
     return cfg, ae.restore(cfg).params, load_vae(cfg.export_dir)
+
+
+def test_init_from_an_export_continues_from_its_weights(exported, tmp_path):
+    """ckpt.init_from starts a run from exported weights (the trained ones rounded to bf16), with a
+    fresh optimizer; an export of another architecture is refused in one line."""
+    cfg, params, _ = exported
+    tx = optax.sgd(0.1)
+    _, state = ae.init_state(dataclasses.replace(cfg, ckpt=dataclasses.replace(cfg.ckpt, init_from=cfg.export_dir)), tx)
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        assert got.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)))
+    assert int(state.step) == 0
+    z = cfg.model.z_dim + 4
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, z_dim=z, latents_mean=(0.0,) * z,
+                                                               latents_std=(1.0,) * z),
+                                ckpt=dataclasses.replace(cfg.ckpt, init_from=cfg.export_dir))
+    with pytest.raises(errors.UsageError, match="z_dim"):
+        ae.init_state(other, tx)
 
 
 def _batches(cfg: ae.AutoencoderTrainConfig, dirs, n: int, stream: int):

@@ -213,10 +213,27 @@ def init_state(cfg: AutoencoderTrainConfig, tx: optax.GradientTransformation) ->
     frozen parameters and no running statistics: those TrainState fields stay empty."""
     model = build.init_model(WanVAE, dataclasses.replace(cfg.model, param_dtype="float32"), cfg.seed)
     graphdef, params = nnx.split(model, nnx.Param)
+    if cfg.ckpt.init_from:  # continue from exported weights (a run on another machine): fresh optimizer
+        params = _exported_params(cfg.ckpt.init_from, cfg.model, params)
     ema = jax.tree.map(jnp.copy, params) if cfg.optim.ema_decay > 0 else nnx.State({})
     return graphdef, TrainState(step=jnp.zeros((), jnp.int32), params=params, frozen=nnx.State({}),
                                 stats=nnx.State({}), opt_state=tx.init(params), ema=ema,
                                 rng=jax.random.PRNGKey(cfg.seed))
+
+
+def _exported_params(path: str, model_cfg: WanVAEConfig, like: nnx.State) -> nnx.State:
+    """float32 parameters of an exported autoencoder directory, checked against the recipe's model."""
+    from rynn_jax.models.vae_weights import load_vae
+
+    errors.existing(path, "ckpt.init_from", kind="directory")
+    loaded = load_vae(path)
+    arch = lambda c: {k: v for k, v in dataclasses.asdict(c).items()  # noqa: E731
+                      if k not in ("dtype", "param_dtype", "latents_mean", "latents_std")}
+    if arch(loaded.cfg) != arch(model_cfg):
+        diff = sorted(k for k in arch(model_cfg) if arch(model_cfg)[k] != arch(loaded.cfg).get(k))
+        raise errors.UsageError(f"ckpt.init_from {path}: a different autoencoder ({', '.join(diff)} differ from the recipe)")
+    params = nnx.split(loaded, nnx.Param)[1]
+    return jax.tree.map(lambda p, q: jnp.asarray(p, jnp.float32).reshape(q.shape), params, like)
 
 
 def final_params(state: TrainState, use_ema: bool = True) -> nnx.State:
