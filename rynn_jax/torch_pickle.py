@@ -82,6 +82,7 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     # sparse_tensor_module_names); read as their Python equivalents, then dropped.
     ("torch", "Size"): tuple,
     ("builtins", "set"): set,
+    ("__builtin__", "set"): set,  # pickle protocol 2 (torch.save's default) names it so
 }
 
 

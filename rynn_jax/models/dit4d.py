@@ -119,7 +119,7 @@ class JointBranch(nnx.Module):
         self.kv = linear(cfg, d, 2 * d, ("embed", "heads"), rngs)
         self.out = linear(cfg, d, d, ("heads", "embed"), rngs, zero=True)
         self.embed = param(rngs, zeros, (d,), cfg.param_dtype, ("embed",))
-        self.gate = param(rngs, ones, (), cfg.param_dtype, ())
+        self.gate = param(rngs, ones, (1,), cfg.param_dtype, (None,))  # (1,) as released; scalars lose "layers"
 
 
 class JointAttention(nnx.Module):

@@ -119,7 +119,7 @@ def released_rules(cfg: WanDiT4DConfig) -> list[Rule]:
         r = _RELEASED_MODALITY[m]
         rules += [stack((m, "align_scale"), f"joint_align_{r}.weight"), stack((m, "align_bias"), f"joint_align_{r}.bias"),
                   stack((m, "embed"), f"modality_embed_{r}", lambda x: x.reshape(x.shape[-1])),
-                  stack((m, "gate"), f"joint_gate_{r}", lambda x: x.reshape(()))]
+                  stack((m, "gate"), f"joint_gate_{r}")]
         for ours, theirs in (("q", "q"), ("kv", "kv"), ("out", "out")):
             rules += [stack((m, ours, "kernel"), f"joint_{theirs}_{r}.weight", torch_linear),
                       stack((m, ours, "bias"), f"joint_{theirs}_{r}.bias")]
