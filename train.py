@@ -52,7 +52,7 @@ def train(cfg: config_lib.TrainConfig, hooks: Sequence[Hook] = ()) -> list[float
     # Input
     # ----------------------------------------------------------------------------------------------
     data_iter = input_lib.make_iterator(cfg)
-    batch_spec = dict.fromkeys(input_lib.TRAIN_KEYS)
+    batch_spec = dict.fromkeys(input_lib.train_keys(cfg))
 
     # ----------------------------------------------------------------------------------------------
     # Model & state: sharded init (each device builds its shards), then the startup sharding check
@@ -126,7 +126,8 @@ def _work_per_step(cfg: config_lib.TrainConfig, batch: dict) -> tuple[int, float
     b, t, h, w, _ = batch["video_latents"].shape
     pt, ph, pw = cfg.model.patch_size
     tokens = (t // pt) * (h // ph) * (w // pw)
-    return b * tokens, 3.0 * b * tokens * metrics_lib.model_flops_per_token(cfg.model, tokens)
+    flops = metrics_lib.model_flops_per_token(cfg.model, tokens, (h // ph) * (w // pw))
+    return b * tokens, 3.0 * b * tokens * flops
 
 
 def main(argv: Sequence[str] | None = None) -> list[float]:

@@ -281,7 +281,7 @@ def run_point(args: argparse.Namespace, spec: str) -> dict:
         mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:n])
         tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
         abstract, shardings = state_lib.state_shardings(cfg, tx, mesh)
-        graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg.lora)[0]
+        graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg)[0]
         host_batch = make_batch(cfg, batch_size, thw, args.seed)
         batch_sh = step_lib.batch_shardings(mesh, host_batch)
         row["predicted"] = predict(cfg, tx, abstract, sizes, batch_size, thw, args.peak_tflops, args.link_gbps)

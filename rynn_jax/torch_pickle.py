@@ -78,6 +78,11 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
     ("torch", "Tensor"): None,
     ("torch.nn.parameter", "Parameter"): None,
+    # Plain containers a DeepSpeed `*_model_states.pt` keeps beside the weights (param_shapes,
+    # sparse_tensor_module_names); read as their Python equivalents, then dropped.
+    ("torch", "Size"): tuple,
+    ("builtins", "set"): set,
+    ("__builtin__", "set"): set,  # pickle protocol 2 (torch.save's default) names it so
 }
 
 
@@ -198,7 +203,8 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
 def read_torch_checkpoint(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """`torch.load(path)` of a state dict, as {name: numpy array}, without importing torch.
 
-    A top-level `{"state_dict": {...}}` or `{"model": {...}}` wrapper is unwrapped. Non-tensor
+    A top-level `{"state_dict": {...}}`, `{"model": {...}}` or (DeepSpeed) `{"module": {...}}` wrapper
+    is unwrapped. Non-tensor
     entries (e.g. an int step counter next to the weights) are dropped.
     """
     path = os.fspath(path)
@@ -208,7 +214,7 @@ def read_torch_checkpoint(path: str | os.PathLike[str]) -> dict[str, np.ndarray]
         obj = _read_zip(path) if zipfile.is_zipfile(path) else _read_legacy(path)
     except (pickle.UnpicklingError, EOFError, KeyError, struct.error, zipfile.BadZipFile) as e:
         raise TorchCheckpointError(f"{path} is not a readable torch checkpoint: {e!r}") from e
-    for wrapper in ("state_dict", "model"):
+    for wrapper in ("state_dict", "model", "module"):
         if isinstance(obj, Mapping) and wrapper in obj and isinstance(obj[wrapper], Mapping):
             obj = obj[wrapper]
     if not isinstance(obj, Mapping):

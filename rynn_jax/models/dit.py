@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -168,6 +168,20 @@ def frames_to_tokens(a_bfd: jax.Array, tokens_per_frame: int, pad: int) -> jax.A
 # --------------------------------------------------------------------------------------------------
 
 
+def attention(cfg: WanDiTConfig, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
+              mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
+    """Scaled dot-product attention of head-split q, k, v (cuDNN flash where `_attention_impl`
+    picks it), heads merged: (B, L, D)."""
+    q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
+    # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
+    # which cuDNN attention's partitioner rejects (seen on 2 H200s with fsdp=2).
+    k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
+    out_blnh = jax.nn.dot_product_attention(
+        q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
+        implementation=_attention_impl(cfg, q_blnh.dtype))
+    return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
+
+
 class WanAttention(nnx.Module):
     """Multi-head attention with RMSNorm on q and k across all heads (before the head split)."""
 
@@ -230,15 +244,7 @@ class WanAttention(nnx.Module):
     def attention(self, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
                   mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
         """`attend` without the output projection: heads merged, (B, L, D)."""
-        cfg = self.cfg
-        q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
-        # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
-        # which cuDNN attention's partitioner rejects (seen on 2 H200s with fsdp=2).
-        k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
-        out_blnh = jax.nn.dot_product_attention(
-            q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
-            implementation=_attention_impl(cfg, q_blnh.dtype))
-        return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
+        return attention(self.cfg, q_blnh, k_bsnh, v_bsnh, mask_bnls=mask_bnls, kv_len_b=kv_len_b)
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
                  rope_cs: tuple[jax.Array, jax.Array] | None = None, kv_len_b: jax.Array | None = None
@@ -283,10 +289,14 @@ class WanBlock(nnx.Module):
         student attends over its KV cache and returns the new K/V as aux) and optionally
         precomputed text K/V. The last `pad` tokens belong to no frame (they get zero modulation).
         Returns (x, aux)."""
-        cfg = self.cfg
+        x_bld, aux = self.self_attention_residual(x_bld, tproj_bf6d, num_frames, self_attention, pad)
+        return self.text_ffn_residual(x_bld, ctx_bsd, tproj_bf6d, num_frames, cross_kv, pad), aux
+
+    def _frame_ops(self, x_bld: jax.Array, tproj_bf6d: jax.Array, num_frames: int, pad: int):
+        """The six modulation terms (B, F, D) and the per-frame `modulated(h, shift, scale)`,
+        `gated(h, gate)` for tokens shaped like x."""
         b, l, d = x_bld.shape
         mod = self.modulation[...].astype(jnp.float32)[None, None] + tproj_bf6d  # (B, F, 6, D)
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = jnp.moveaxis(mod, 2, 0)
         if pad == 0:  # per-frame modulation as a reshape of the tokens into frames
             as_frames = lambda a: a.reshape(b, num_frames, l // num_frames, d)  # noqa: E731
             modulated = lambda h, shift, scale: modulate(as_frames(h), shift, scale).reshape(b, l, d)  # noqa: E731
@@ -295,11 +305,24 @@ class WanBlock(nnx.Module):
             per_token = lambda a: frames_to_tokens(a, (l - pad) // num_frames, pad)  # noqa: E731
             modulated = lambda h, shift, scale: h * (1.0 + per_token(scale)) + per_token(shift)  # noqa: E731
             gated = lambda h, gate: h * per_token(gate)  # noqa: E731
+        return jnp.moveaxis(mod, 2, 0), modulated, gated
 
-        h = modulated(layer_norm(x_bld, cfg.eps), shift_a, scale_a)
+    def self_attention_residual(self, x_bld: jax.Array, tproj_bf6d: jax.Array, num_frames: int,
+                                self_attention: Callable[[WanAttention, jax.Array], tuple[jax.Array, Any]],
+                                pad: int = 0) -> tuple[jax.Array, Any]:
+        """x + SA(mod(LN x))·g: the first third of the block (RynnWorld-4D puts its joint
+        attention between this and `text_ffn_residual`)."""
+        (shift_a, scale_a, gate_a, *_), modulated, gated = self._frame_ops(x_bld, tproj_bf6d, num_frames, pad)
+        h = modulated(layer_norm(x_bld, self.cfg.eps), shift_a, scale_a)
         h, aux = self_attention(self.self_attn, h)
-        x_bld = x_bld + gated(h.astype(jnp.float32), gate_a)
+        return x_bld + gated(h.astype(jnp.float32), gate_a), aux
 
+    def text_ffn_residual(self, x_bld: jax.Array, ctx_bsd: jax.Array | None, tproj_bf6d: jax.Array,
+                          num_frames: int, cross_kv: tuple[jax.Array, jax.Array] | None = None,
+                          pad: int = 0) -> jax.Array:
+        """x += CA(LN_affine x, ctx);  x += FFN(mod(LN x))·g: the rest of the block."""
+        cfg = self.cfg
+        (*_, shift_f, scale_f, gate_f), modulated, gated = self._frame_ops(x_bld, tproj_bf6d, num_frames, pad)
         h = layer_norm(x_bld, cfg.eps) * self.norm_cross_scale[...].astype(jnp.float32) \
             + self.norm_cross_bias[...].astype(jnp.float32)
         if cross_kv is None:
@@ -313,7 +336,7 @@ class WanBlock(nnx.Module):
         h = constrain(h, ("act_batch", "act_len", "act_mlp"))
         h = self.ffn_down(jax.nn.gelu(h, approximate=True))
         x_bld = x_bld + gated(h.astype(jnp.float32), gate_f)
-        return constrain(x_bld, ("act_batch", "act_len", "act_embed")), aux
+        return constrain(x_bld, ("act_batch", "act_len", "act_embed"))
 
 
 # Primitives of JAX's cuDNN flash attention forward (jax.nn.dot_product_attention(implementation="cudnn")):
@@ -343,29 +366,43 @@ _REMAT_POLICIES = {
 # --------------------------------------------------------------------------------------------------
 
 
+def patch_embed_params(cfg: WanDiTConfig, rngs: nnx.Rngs) -> tuple[nnx.Param, nnx.Param]:
+    """The patch-embedding Conv3d as a (pt, ph, pw, C_in, D) kernel and its bias."""
+    pt, ph, pw = cfg.patch_size
+    kernel = param(rngs, nnx.initializers.xavier_uniform(in_axis=(0, 1, 2, 3), out_axis=4),
+                   (pt, ph, pw, cfg.in_channels, cfg.dim), cfg.param_dtype,
+                   ("patch", "patch", "patch", "in_channels", "embed"))
+    return kernel, param(rngs, nnx.initializers.zeros_init(), (cfg.dim,), cfg.param_dtype, ("embed",))
+
+
+M = TypeVar("M", bound=nnx.Module)
+
+
+def stacked(make: Callable[[nnx.Rngs], M], n: int, rngs: nnx.Rngs) -> M:
+    """`n` modules made by `make(rngs)`, their variables stacked on a leading "layers" axis (what
+    `WanDiT.scan_blocks` runs over), each layer from its own split of `rngs`."""
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make_all(rngs: nnx.Rngs) -> M:
+        return make(rngs)
+
+    return make_all(rngs)
+
+
 class WanDiT(nnx.Module):
     """Velocity prediction v(z_t, t, text) for latents (B, T, H, W, C_in) → (B, T, H, W, C_out)."""
 
     def __init__(self, cfg: WanDiTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.dim
-        pt, ph, pw = cfg.patch_size
-        self.patch_embed = param(rngs, nnx.initializers.xavier_uniform(in_axis=(0, 1, 2, 3), out_axis=4),
-                                  (pt, ph, pw, cfg.in_channels, d), cfg.param_dtype,
-                                  ("patch", "patch", "patch", "in_channels", "embed"))
-        self.patch_embed_bias = param(rngs, nnx.initializers.zeros_init(), (d,), cfg.param_dtype, ("embed",))
+        self.patch_embed, self.patch_embed_bias = patch_embed_params(cfg, rngs)
         self.text_embed_1 = linear(cfg, cfg.text_dim, d, ("text_embed", "embed"), rngs)
         self.text_embed_2 = linear(cfg, d, d, ("embed", "embed"), rngs)
         self.time_embed_1 = linear(cfg, cfg.freq_dim, d, ("time_freq", "embed"), rngs)
         self.time_embed_2 = linear(cfg, d, d, ("embed", "embed"), rngs)
         self.time_proj = linear(cfg, d, 6 * d, ("embed", "mlp"), rngs)
 
-        @nnx.split_rngs(splits=cfg.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make_blocks(rngs: nnx.Rngs) -> WanBlock:
-            return WanBlock(cfg, rngs=rngs)
-
-        self.blocks = make_blocks(rngs)
+        self.blocks = stacked(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
         self.head_modulation = param(rngs, nnx.initializers.normal(d ** -0.5), (2, d), cfg.param_dtype,
                                       ("modulation", "embed"))
         self.head = linear(cfg, d, cfg.patch_dim_out, ("embed", "out_channels"), rngs)
@@ -416,9 +453,10 @@ class WanDiT(nnx.Module):
             lambda block, x, _: (block(x, ctx_bsd, tproj_bf6d, rope_cs, num_frames, pad), None), x_bld)[0]
 
     def scan_blocks(self, layer_fn: Callable[[WanBlock, jax.Array, Any], tuple[jax.Array, Any]],
-                    x_bld: jax.Array, layer_xs: Any = None) -> tuple[jax.Array, Any]:
-        """`layer_fn(block, x, xs_l) -> (x, ys_l)` over the layers with per-layer inputs `layer_xs`
-        (leading layer axis) → (x, stacked ys).
+                    x_bld: jax.Array, layer_xs: Any = None, num_layers: int | None = None) -> tuple[jax.Array, Any]:
+        """`layer_fn(block, x, xs_l) -> (x, ys_l)` over the first `num_layers` layers (default all)
+        with per-layer inputs `layer_xs` (leading layer axis) → (x, stacked ys). The carry `x` may
+        be any pytree of arrays.
 
         Stacked blocks (training, checkpoints): plain `lax.scan` over the split block state, not
         `nnx.scan`: the model may itself be used inside a caller's scan (the sampler's step loop, the
@@ -434,23 +472,28 @@ class WanDiT(nnx.Module):
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], static_argnums=(2,))
         if isinstance(self.blocks, nnx.List):
             ys = []
-            for i, block in enumerate(self.blocks):
+            for i, block in enumerate(self.blocks[:num_layers]):
                 graphdef, layer_state = nnx.split(block)
                 x_bld, y = body(x_bld, (layer_state, jax.tree.map(lambda a: a[i], layer_xs)), graphdef)
                 ys.append(y)
             return x_bld, jax.tree.map(lambda *a: jnp.stack(a), *ys)
         graphdef, state = nnx.split(self.blocks)
+        if num_layers is not None and num_layers != cfg.num_layers:
+            state = jax.tree.map(lambda a: a[:num_layers], state)
         return jax.lax.scan(lambda x, inputs: body(x, inputs, graphdef), x_bld, (state, layer_xs),
                             unroll=cfg.scan_unroll)
 
-    def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int]) -> jax.Array:
+    def project_out(self, x_bld: jax.Array, temb_bfd: jax.Array, grid_thw: tuple[int, int, int],
+                    head: nnx.Linear | None = None) -> jax.Array:
+        """Modulated final norm and the output linear (`head`, default this model's), unpatchified."""
         cfg = self.cfg
+        head = self.head if head is None else head
         b, l, d = x_bld.shape
         f = grid_thw[0]
         mod = self.head_modulation[...].astype(jnp.float32)[None, None] + temb_bfd[:, :, None]
         shift, scale = mod[:, :, 0], mod[:, :, 1]
         h = modulate(layer_norm(x_bld, cfg.eps).reshape(b, f, l // f, d), shift, scale).reshape(b, l, d)
-        out = self.head(h.astype(jnp.dtype(cfg.dtype)))
+        out = head(h.astype(jnp.dtype(cfg.dtype)))
         return unpatchify(out.astype(jnp.float32), grid_thw, cfg)
 
     def __call__(self, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array,

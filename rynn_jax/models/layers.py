@@ -12,8 +12,9 @@ from rynn_jax.models.fp8 import Fp8Linear
 
 
 def linear(cfg, d_in: int, d_out: int, names: tuple[str | None, str | None],
-           rngs: nnx.Rngs, *, fp8: bool = False) -> nnx.Linear | Fp8Linear:
-    """nnx.Linear in cfg.dtype/cfg.param_dtype with logical axis names on kernel and bias; with
+           rngs: nnx.Rngs, *, fp8: bool = False, zero: bool = False) -> nnx.Linear | Fp8Linear:
+    """nnx.Linear in cfg.dtype/cfg.param_dtype with logical axis names on kernel and bias (kernel
+    Xavier-uniform, or zero with `zero`: a new path that starts as a no-op); with
     `fp8`, an `fp8.Fp8Linear` (float8_e4m3fn kernel + per-channel scale, + a static input scale
     when cfg.fp8_activations is "static") with the same names."""
     if fp8:
@@ -22,7 +23,8 @@ def linear(cfg, d_in: int, d_out: int, names: tuple[str | None, str | None],
     return nnx.Linear(
         d_in, d_out,
         dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-        kernel_init=nnx.with_partitioning(nnx.initializers.xavier_uniform(), names),
+        kernel_init=nnx.with_partitioning(
+            nnx.initializers.zeros_init() if zero else nnx.initializers.xavier_uniform(), names),
         bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (names[1],)),
         rngs=rngs,
     )

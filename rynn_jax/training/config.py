@@ -14,6 +14,7 @@ from typing import Any, Literal
 from rynn_jax import errors
 
 from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.models.dit4d import WanDiT4DConfig
 from rynn_jax.sharding import MeshConfig
 from rynn_jax.training.lora import LoraConfig
 
@@ -40,6 +41,16 @@ class LossConfig:
     shift: float = 5.0  # sigma sampling: u ~ U(0,1), sigma = shift·u / (1 + (shift−1)·u)
     exclude_first_frame: bool = True  # frame 0 is the clean reference image latent (TI2V)
     use_control: bool = True  # feed the control latent (needs model.control != "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class World4DLossConfig:
+    """The objective of a RynnWorld-4D model (training/loss4d.py), in place of LossConfig."""
+    shift: float = 5.0  # sigma sampling, as LossConfig.shift
+    flow_weight: float = 1.0  # λ_flow (stage 1: 0.5, stages 2–3: 1.0)
+    branch_dropout: float = 0.0  # per-sample probability that depth or flow frames 1.. become noise
+    rgb_decay_steps: int = 0  # cosine 1 → 0 of the RGB joint injection over these steps (0 = off)
+    train: Literal["all", "joint", "no_joint"] = "all"  # what the optimizer updates (stage 2: "joint")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,10 +90,11 @@ class LogConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    model: WanDiTConfig = dataclasses.field(default_factory=WanDiTConfig)
+    # the 2D world model, or RynnWorld-4D (then loss is a World4DLossConfig and LoRA is off)
+    model: WanDiTConfig | WanDiT4DConfig = dataclasses.field(default_factory=WanDiTConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    loss: LossConfig | World4DLossConfig = dataclasses.field(default_factory=LossConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     ckpt: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
@@ -129,8 +141,10 @@ def run_recipe(path: str | os.PathLike[str], want: type | tuple[type, ...], arg:
 
 def load_config(path: str | os.PathLike[str], types: tuple[type, ...] = (TrainConfig,)) -> Any:
     """Run a recipe file and return its `get_config()`, which must be one of `types` (train.py
-    also takes training.autoencoder's AutoencoderTrainConfig)."""
-    return run_recipe(path, types)
+    also takes training.autoencoder's AutoencoderTrainConfig). `path:ARG` calls get_config(ARG)
+    (e.g. configs/world4d.py:2, a stage)."""
+    path, _, arg = os.fspath(path).partition(":")
+    return run_recipe(path, types, arg)
 
 
 def with_run_dir(cfg: Any, config_path: str, root: str = "runs") -> Any:

@@ -14,10 +14,16 @@ import jax
 import numpy as np
 
 from rynn_jax import data as data_lib
-from rynn_jax.training.config import DataConfig, TrainConfig
+from rynn_jax.training import loss4d
+from rynn_jax.training.config import DataConfig, TrainConfig, World4DLossConfig
 
 # What the loss reads; everything else in a record (text, actions, ids) stays on the host.
 TRAIN_KEYS = ("video_latents", "control_video_latents", "img_latent", "text_embedding")
+
+
+def train_keys(cfg: TrainConfig) -> tuple[str, ...]:
+    """The batch keys the run's loss reads (RynnWorld-4D: the three modalities' latents)."""
+    return loss4d.TRAIN_KEYS if isinstance(cfg.loss, World4DLossConfig) else TRAIN_KEYS
 
 
 class SyntheticClip:
@@ -32,25 +38,29 @@ class SyntheticClip:
         self.text = rng.standard_normal((k, cfg.text_len, text_dim)).astype(np.float32)
         # the skeleton latent is a fixed function of the video: something for control to explain
         self.mix = rng.standard_normal((channels, channels)).astype(np.float32) / np.sqrt(channels)
+        # RynnWorld-4D's depth and flow latents: other fixed functions of it (what JA can share)
+        self.mix_depth, self.mix_flow = (rng.standard_normal((2, channels, channels)).astype(np.float32)
+                                         / np.sqrt(channels))
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng((self.seed, int(index)))
         proto = int(index) % len(self.video)
         video = self.video[proto] + 0.1 * rng.standard_normal(self.video.shape[1:]).astype(np.float32)
+        depth, flow = np.tanh(video @ self.mix_depth), np.tanh(video @ self.mix_flow)
         return {
             "video_latents": video,
             "control_video_latents": video @ self.mix,
             "img_latent": video[:1].copy(),
+            "depth_latents": depth, "depth_img_latent": depth[:1].copy(),
+            "flow_latents": flow, "flow_img_latent": flow[:1].copy(),
             "text_embedding": self.text[proto],
         }
 
 
-def _select(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: batch[k] for k in TRAIN_KEYS}
-
-
 def make_iterator(cfg: TrainConfig) -> grain.DatasetIterator:
     d = cfg.data
+    keys = train_keys(cfg)
+    select = lambda batch: {k: batch[k] for k in keys}  # noqa: E731
     if d.batch_size % jax.process_count():
         raise ValueError(f"batch_size {d.batch_size} does not split over {jax.process_count()} processes")
     loader = data_lib.LoaderConfig(batch_size=d.batch_size // jax.process_count(), seed=d.seed,
@@ -59,7 +69,7 @@ def make_iterator(cfg: TrainConfig) -> grain.DatasetIterator:
         clip = SyntheticClip(d, cfg.model.in_channels, cfg.model.text_dim)
         ds = (grain.MapDataset.range(1 << 30)[jax.process_index()::jax.process_count()]
               .map(clip).to_iter_dataset().batch(loader.batch_size, drop_remainder=True))
-        return iter(ds.map(_select))
+        return iter(ds.map(select))
     if not d.sources:
         raise ValueError("data.kind='latents' needs data.sources {name: shard glob}")
     per_source = {}
@@ -67,6 +77,6 @@ def make_iterator(cfg: TrainConfig) -> grain.DatasetIterator:
         shards = sorted(glob.glob(pattern))
         if not shards:
             raise FileNotFoundError(f"data source {name}: no shards match {pattern}")
-        per_source[name] = data_lib.latent_dataset(shards, loader, seed_offset=i).map(_select)
+        per_source[name] = data_lib.latent_dataset(shards, loader, seed_offset=i).map(select)
     weights = d.weights or None
     return iter(data_lib.mixture(per_source, weights, loader))

@@ -11,11 +11,20 @@ import time
 import jax
 
 from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.models.dit4d import WanDiT4DConfig
 
 
-def model_flops_per_token(cfg: WanDiTConfig, num_tokens: int) -> float:
+def model_flops_per_token(cfg: WanDiTConfig | WanDiT4DConfig, num_tokens: int, tokens_per_frame: int = 0) -> float:
     """Forward FLOPs per video token of the DiT (matmuls only, the MFU convention): dense layers
-    plus self-attention (QKᵀ and AV over `num_tokens`) and cross-attention over the text slots."""
+    plus self-attention (QKᵀ and AV over `num_tokens`) and cross-attention over the text slots.
+    RynnWorld-4D (a token = one position in all three modalities): three branches plus, at each JA
+    block, each modality's q, kv and out (8·d²) and QKᵀ, AV over the two other modalities' keys
+    of its frame (`tokens_per_frame`) or of the whole clip."""
+    if isinstance(cfg, WanDiT4DConfig):
+        d = cfg.base.dim
+        keys = 2 * (tokens_per_frame if cfg.joint_frame_wise else num_tokens)
+        joint = 3 * (2 * 4 * d * d + 2 * 2 * d * keys)
+        return 3 * model_flops_per_token(cfg.base, num_tokens) + len(cfg.joint_layers) * joint
     d, f, n = cfg.dim, cfg.ffn_dim, cfg.num_layers
     dense = n * (2 * 4 * d * d + 2 * 4 * d * d + 2 * 2 * d * f)  # self q,k,v,o; cross q,k,v,o; ffn
     attn = n * 2 * 2 * d * (num_tokens + cfg.text_len)

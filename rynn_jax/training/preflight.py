@@ -72,8 +72,10 @@ def check(cfg: Any) -> None:
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
             raise errors.UsageError(f"data.weights names sources not in data.sources: {unknown}")
-    if cfg.ckpt.init_from:
-        check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", cfg.model)
+    if cfg.ckpt.init_from:  # RynnWorld-4D starts from a Wan DiT: its branches' architecture
+        from rynn_jax.models.dit4d import WanDiT4DConfig
+        model = cfg.model.base if isinstance(cfg.model, WanDiT4DConfig) else cfg.model
+        check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", model)
     if getattr(cfg, "phase", "") == "dmd" and cfg.student_from:
         check_checkpoint_dir(cfg.student_from, "student_from")
     if cfg.log.sample_every and cfg.log.sample_vae not in ("", "tiny"):

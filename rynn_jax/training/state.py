@@ -25,8 +25,9 @@ from jax.sharding import Mesh, PartitionSpec
 from rynn_jax import sharding
 from rynn_jax.weights import flatten_params, unflatten_params
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
+from rynn_jax.models.dit4d import WanDiT4D, WanDiT4DConfig
 from rynn_jax.training import lora
-from rynn_jax.training.config import TrainConfig
+from rynn_jax.training.config import TrainConfig, World4DLossConfig
 
 
 @flax.struct.dataclass
@@ -40,16 +41,29 @@ class TrainState:
     rng: jax.Array  # base key (uint32[2]); step key = fold_in(rng, step)
 
 
-def build_model(model_cfg: WanDiTConfig, lora_cfg: lora.LoraConfig, rngs: nnx.Rngs) -> WanDiT:
+def build_model(model_cfg: WanDiTConfig | WanDiT4DConfig, lora_cfg: lora.LoraConfig, rngs: nnx.Rngs
+                ) -> WanDiT | WanDiT4D:
+    if isinstance(model_cfg, WanDiT4DConfig):
+        if lora_cfg.rank > 0:
+            raise ValueError("RynnWorld-4D trains without LoRA: set lora.rank=0")
+        return WanDiT4D(model_cfg, rngs=rngs)
     return lora.apply_lora(WanDiT(model_cfg, rngs=rngs), lora_cfg, rngs)
 
 
-def split_model(model: WanDiT, lora_cfg: lora.LoraConfig) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
+def trainable(cfg: TrainConfig) -> nnx.filterlib.Filter:
+    """What the optimizer updates: LoRA's choice, or for RynnWorld-4D its stage's (loss.train)."""
+    if isinstance(cfg.loss, World4DLossConfig) and cfg.loss.train != "all":
+        joint = nnx.All(nnx.Param, nnx.PathContains("joint"))
+        return joint if cfg.loss.train == "joint" else nnx.All(nnx.Param, nnx.Not(joint))
+    return lora.trainable_filter(cfg.lora)
+
+
+def split_model(model: WanDiT | WanDiT4D, cfg: TrainConfig) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
     """graphdef, trained params, frozen params, other state."""
-    return nnx.split(model, lora.trainable_filter(lora_cfg), nnx.Param, ...)
+    return nnx.split(model, trainable(cfg), nnx.Param, ...)
 
 
-def abstract_model(cfg: TrainConfig) -> WanDiT:
+def abstract_model(cfg: TrainConfig) -> WanDiT | WanDiT4D:
     with nnx.use_eager_sharding(False):
         return nnx.eval_shape(lambda: build_model(cfg.model, cfg.lora, nnx.Rngs(0)))
 
@@ -59,7 +73,7 @@ def _init_fn(cfg: TrainConfig, tx: optax.GradientTransformation):
         init_rng, train_rng = jax.random.split(rng)
         with nnx.use_eager_sharding(False):
             model = build_model(cfg.model, cfg.lora, nnx.Rngs(params=init_rng))
-        _, params, frozen, stats = split_model(model, cfg.lora)
+        _, params, frozen, stats = split_model(model, cfg)
         frozen = jax.tree.map(lambda x: x.astype(cfg.frozen_dtype), frozen)
         ema = jax.tree.map(jnp.copy, params) if cfg.optim.ema_decay > 0 else nnx.State({})
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, frozen=frozen, stats=stats,
@@ -93,7 +107,7 @@ def state_shardings(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Me
 def create_train_state(cfg: TrainConfig, tx: optax.GradientTransformation, mesh: Mesh
                        ) -> tuple[nnx.GraphDef, TrainState]:
     """Sharded init: each device materialises only its shards."""
-    graphdef = split_model(abstract_model(cfg), cfg.lora)[0]
+    graphdef = split_model(abstract_model(cfg), cfg)[0]
     _, shardings = state_shardings(cfg, tx, mesh)
     init = jax.jit(_init_fn(cfg, tx), out_shardings=shardings)
     return graphdef, init(jax.random.PRNGKey(cfg.seed))
@@ -113,11 +127,16 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
     have = {**_flat(nnx.to_pure_dict(state.params)), **_flat(nnx.to_pure_dict(state.frozen))}
     have_sh = {**_flat(nnx.to_pure_dict(shardings.params)), **_flat(nnx.to_pure_dict(shardings.frozen))}
-    bad = sorted(".".join(map(str, k)) for k in want if k not in have or have[k].shape != want[k].shape)
+    world4d = any(k[0] == "base" for k in have)  # RynnWorld-4D: the Wan DiT is its base (RGB branch)
+    at = (lambda k: ("base",) + k) if world4d else (lambda k: k)  # noqa: E731
+    bad = sorted(".".join(map(str, k)) for k in want if at(k) not in have or have[at(k)].shape != want[k].shape)
     if bad:
         raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
     restored = _flat(checkpoints.restore_params(
-        path, unflatten_params(want), shardings=unflatten_params({k: have_sh[k] for k in want})))
+        path, unflatten_params(want), shardings=unflatten_params({k: have_sh[at(k)] for k in want})))
+    if world4d:  # the paper's init: depth and flow start as copies of RGB
+        from rynn_jax.models.dit4d_weights import clone_rgb
+        restored = _flat(clone_rgb(unflatten_params(have), unflatten_params(restored)))
 
     def fill(tree: nnx.State) -> nnx.State:
         flat = _flat(nnx.to_pure_dict(tree))

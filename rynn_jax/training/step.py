@@ -17,7 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rynn_jax import sharding
 from rynn_jax.training import loss as loss_lib
-from rynn_jax.training.config import TrainConfig
+from rynn_jax.training import loss4d
+from rynn_jax.training.config import TrainConfig, World4DLossConfig
 from rynn_jax.training.optim import ema_update, lr_schedule
 from rynn_jax.training.state import TrainState
 
@@ -38,11 +39,16 @@ def _split_micro(batch: Batch, k: int) -> Batch:
 def make_step_fn(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation
                  ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     schedule_lr = lr_schedule(cfg.optim, cfg.total_steps)
+    world4d = isinstance(cfg.loss, World4DLossConfig)
 
-    def loss_fn(params: nnx.State, frozen: nnx.State, stats: nnx.State, batch: Batch, rng: jax.Array):
+    def loss_fn(params: nnx.State, frozen: nnx.State, stats: nnx.State, batch: Batch, rng: jax.Array,
+                step: jax.Array):
         # copy: fresh Variables at this trace level (the running stats are mutated in the forward)
         model = nnx.merge(graphdef, params, frozen, stats, copy=True)
-        loss = loss_lib.cfm_loss(model, batch, rng, cfg.loss)
+        if world4d:
+            loss = loss4d.world4d_loss(model, batch, rng, cfg.loss, step)
+        else:
+            loss = loss_lib.cfm_loss(model, batch, rng, cfg.loss)
         return loss, nnx.state(model, nnx.Not(nnx.Param))  # updated running stats
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -50,12 +56,13 @@ def make_step_fn(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTra
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
         if cfg.grad_accum == 1:
-            (loss, stats), grads = grad_fn(state.params, state.frozen, state.stats, batch, rng)
+            (loss, stats), grads = grad_fn(state.params, state.frozen, state.stats, batch, rng, state.step)
         else:
             def micro(carry, xs):
                 grads_acc, loss_acc, stats = carry
                 i, mb = xs
-                (loss, stats), grads = grad_fn(state.params, state.frozen, stats, mb, jax.random.fold_in(rng, i))
+                (loss, stats), grads = grad_fn(state.params, state.frozen, stats, mb, jax.random.fold_in(rng, i),
+                                               state.step)
                 return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss, stats), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)

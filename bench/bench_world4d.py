@@ -1,0 +1,90 @@
+"""Latency of RynnWorld-4D (models/dit4d.py; random weights, bf16): the full three-branch forward
+and the policy's backbone feature pass (blocks 0–15 at t = 500, features of all branches).
+
+    python bench/bench_world4d.py --out bench/results/world4d.json          # one H200
+    python bench/bench_world4d.py --small                                  # CPU check of the script
+
+Full size: 480×640 video, 81 frames → latents (21, 30, 40), 3 × 6,300 tokens; text 226 slots for
+the forward (the release pads prompts to 226), the first 32 for the feature pass (as the policy
+reads them). JA at blocks 0, 3, …, 27, within frames, RoPE on, bidirectional. Checks: outputs
+finite, features of the right shape, and the feature pass equal to the same blocks run by the
+forward's code (`WanDiT4D.hidden` with num_layers = 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import time_ms, write_json  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="toy model and sizes (a CPU check of the script)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
+    parser.add_argument("--feature-layer", type=int, default=15, help="the policy's feature block (0-based)")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", default="", help="results JSON")
+    args = parser.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from rynn_jax.models.dit import WanDiTConfig
+    from rynn_jax.models.dit4d import WanDiT4DConfig, init_dit4d
+    from rynn_jax.models.dit4d_weights import param_count
+
+    if args.small:
+        cfg = WanDiT4DConfig.tiny(base=WanDiTConfig.tiny(num_layers=3, eps=1e-5, attention=args.attention))
+        shape, text_len, feature_layer = (3, 4, 4), 16, 1
+    else:
+        cfg = WanDiT4DConfig.full(base=WanDiTConfig.ti2v_5b(eps=1e-5, dtype="bfloat16", param_dtype="bfloat16",
+                                                           attention=args.attention))
+        shape, text_len, feature_layer = (21, 30, 40), 226, args.feature_layer
+    model = init_dit4d(cfg, seed=0)
+    b = cfg.base
+    key = jax.random.key(1)
+    z = [jax.random.normal(jax.random.fold_in(key, i), (1, *shape, b.in_channels), jnp.float32) for i in range(3)]
+    t = jnp.full((1, shape[0]), 500.0, jnp.float32).at[:, 0].set(0.0)
+    ctx = jax.random.normal(jax.random.fold_in(key, 9), (1, text_len, b.text_dim), jnp.float32)
+
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef, s)(*z, t, ctx))
+    features = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef, s).features(z, t, ctx, layer=feature_layer))
+    ctx_policy = ctx[:, :32]
+
+    block = lambda out: jax.block_until_ready(out)  # noqa: E731
+    rows, checks = {}, {}
+    out = block(forward(state, z, t, ctx))
+    checks["forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all() for o in out))
+    rows["forward_ms"] = statistics.median(time_ms(lambda: block(forward(state, z, t, ctx)), 2, args.iters))
+    f = block(features(state, z, t, ctx_policy))
+    tokens = shape[0] * (shape[1] // 2) * (shape[2] // 2)
+    checks["features_shape"] = tuple(f.shape) == (1, tokens, 3 * b.dim)
+    checks["features_finite"] = bool(np.isfinite(np.asarray(f, np.float32)).all())
+    rows["features_ms"] = statistics.median(time_ms(lambda: block(features(state, z, t, ctx_policy)), 2, args.iters))
+    hidden = jax.jit(lambda s, z, t, ctx: jnp.concatenate(
+        nnx.merge(graphdef, s).hidden(z, t, ctx, num_layers=feature_layer + 1)[0], -1))
+    ref = np.asarray(block(hidden(state, z, t, ctx_policy)), np.float32)
+    checks["features_match_hidden"] = bool(np.allclose(np.asarray(f, np.float32), ref, rtol=1e-3, atol=1e-3))
+
+    result = {"device": str(jax.devices()[0]), "small": args.small, "tokens_per_branch": tokens,
+              "params": param_count(cfg), "feature_layer": feature_layer, **rows, "checks": checks}
+    print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
+          f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch; checks {checks}")
+    if args.out:
+        write_json(args.out, result)
+    if not all(checks.values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Depth and optical flow as RGB videos, the way RynnWorld-4D feeds them to the shared VAE, with
+exact inverses so generated depth and flow can be scored in metres and pixels.
+
+Depth (the released pipeline's encoding):
+    metres → clip to [0, DEPTH_MAX_M] → ⌊d / DEPTH_MAX_M · 255⌋ → the grey value in all three
+    channels. Decoded as grey / 255 · DEPTH_MAX_M (the release's decode): the error is in
+    [0, DEPTH_MAX_M/255) ≈ [0, 2 cm). 0 stays 0 (the simulator's "nothing hit").
+
+Flow (Middlebury colour wheel, as ptlflow's `flow_to_rgb` draws it — hue = direction, saturation
+= magnitude, zero flow = white):
+    r = min(|f| / max_px, 1),  colour = 1 − r · (1 − wheel(direction)),  wheel = the 55-entry
+    Baker et al. table, linearly interpolated.
+The release normalises each frame by its own largest radius, which cannot be undone without that
+number. We normalise by one fixed `max_px` (default FLOW_MAX_PX, in the episode's own pixels), so
+the encoding is invertible: every wheel colour has a channel at 1 and one at 0, hence
+    r = max_c(1 − colour_c),   wheel(direction) = 1 − (1 − colour) / r,
+and the direction is the point on the wheel's polyline nearest that colour. Flows longer than
+max_px saturate (`clipped_fraction` counts them). A flow video has a white frame 0 and at frame t
+the flow from frame t − 1 to t (the simulator's flow.npz holds t → t + 1 at index t).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+DEPTH_MAX_M = 5.0  # the released clip range of metric depth
+FLOW_MAX_PX = 32.0  # our fixed flow normalisation (episode pixels): |f| ≥ this is full saturation
+
+
+# --------------------------------------------------------------------------------------------------
+# Depth
+# --------------------------------------------------------------------------------------------------
+
+
+def depth_to_rgb(depth_m: np.ndarray) -> np.ndarray:
+    """Depth (..., H, W) in metres → uint8 grey RGB (..., H, W, 3)."""
+    d = np.clip(np.asarray(depth_m, np.float64), 0.0, DEPTH_MAX_M)
+    grey = np.floor(d / DEPTH_MAX_M * 255.0).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=-1)
+
+
+def rgb_to_depth(rgb: np.ndarray) -> np.ndarray:
+    """Grey RGB (..., H, W, 3), uint8 or float in [0, 255] (e.g. a decoded generation, channels
+    averaged) → metres (..., H, W), float32."""
+    return (np.asarray(rgb, np.float32).mean(-1) / 255.0 * DEPTH_MAX_M).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Flow
+# --------------------------------------------------------------------------------------------------
+
+
+def _wheel() -> np.ndarray:
+    """The Middlebury colour wheel (55, 3) in [0, 1]: red → yellow → green → cyan → blue → magenta."""
+    ry, yg, gc, cb, bm, mr = 15, 6, 4, 11, 13, 6
+    ramp = lambda n: np.floor(255.0 * np.arange(n) / n)  # noqa: E731
+    segments = []
+    for n, (fixed, up, down) in ((ry, (0, 1, None)), (yg, (1, None, 0)), (gc, (1, 2, None)),
+                                 (cb, (2, None, 1)), (bm, (2, 0, None)), (mr, (0, None, 2))):
+        seg = np.zeros((n, 3))
+        seg[:, fixed] = 255.0
+        if up is not None:
+            seg[:, up] = ramp(n)
+        if down is not None:
+            seg[:, down] = 255.0 - ramp(n)
+        segments.append(seg)
+    return np.concatenate(segments) / 255.0
+
+
+WHEEL = _wheel()
+
+
+def flow_to_rgb(flow: np.ndarray, max_px: float = FLOW_MAX_PX) -> np.ndarray:
+    """Flow (..., H, W, 2) in pixels (dx, dy) → uint8 RGB (..., H, W, 3)."""
+    f = np.asarray(flow, np.float64)
+    u, v = f[..., 0], f[..., 1]
+    r = np.minimum(np.hypot(u, v) / max_px, 1.0)
+    n = len(WHEEL)
+    fk = (np.arctan2(-v, -u) / np.pi + 1.0) / 2.0 * (n - 1)  # the wheel position, as ptlflow places it
+    k0 = np.floor(fk).astype(np.int64)
+    frac = (fk - k0)[..., None]
+    k1 = (k0 + 1) % n
+    colour = (1.0 - frac) * WHEEL[k0 % n] + frac * WHEEL[k1]
+    rgb = 1.0 - r[..., None] * (1.0 - colour)
+    return np.floor(rgb * 255.0).astype(np.uint8)  # floor, as the Middlebury code quantises
+
+
+def rgb_to_flow(rgb: np.ndarray, max_px: float = FLOW_MAX_PX) -> np.ndarray:
+    """The inverse of `flow_to_rgb`: RGB (..., H, W, 3), uint8 or float in [0, 255] → flow in
+    pixels (..., H, W, 2), float32. Exact for unquantised colours on the wheel; a generated colour
+    off the wheel maps to its nearest wheel colour."""
+    c = np.clip(np.asarray(rgb, np.float64) / 255.0, 0.0, 1.0)
+    shape = c.shape[:-1]
+    c = c.reshape(-1, 3)
+    r = (1.0 - c).max(-1)
+    on_wheel = 1.0 - (1.0 - c) / np.maximum(r, 1e-12)[:, None]
+    # nearest point on each wheel segment k → k+1 (the last one closing the loop at position n − 1)
+    n = len(WHEEL)
+    a, b = WHEEL[:-1], WHEEL[1:]  # segment k spans fk ∈ [k, k + 1], k < n − 1
+    ab = b - a
+    t = np.clip(((on_wheel[:, None] - a[None]) * ab[None]).sum(-1) / (ab * ab).sum(-1)[None], 0.0, 1.0)
+    dist = np.square(a[None] + t[..., None] * ab[None] - on_wheel[:, None]).sum(-1)
+    k = dist.argmin(-1)
+    fk = k + t[np.arange(len(k)), k]
+    angle = (fk / (n - 1) * 2.0 - 1.0) * np.pi  # = atan2(−v, −u)
+    mag = r * max_px
+    flow = np.stack([-mag * np.cos(angle), -mag * np.sin(angle)], -1)
+    return flow.reshape(*shape, 2).astype(np.float32)
+
+
+def clipped_fraction(flow: np.ndarray, max_px: float = FLOW_MAX_PX) -> float:
+    """Share of pixels whose flow saturates the colour wheel (|f| > max_px)."""
+    return float((np.hypot(flow[..., 0], flow[..., 1]) > max_px).mean())
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic episodes (rynn_jax.sim.export layout: depth.npz, flow.npz)
+# --------------------------------------------------------------------------------------------------
+
+
+def episode_depth_video(episode_dir: str | os.PathLike[str]) -> np.ndarray:
+    """The episode's exact depth as the RGB video the 4D model learns: (T, H, W, 3) uint8."""
+    from rynn_jax.sim.export import DEPTH_FILE
+
+    path = Path(episode_dir) / DEPTH_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no depth render in this episode (rynn_jax.sim writes {DEPTH_FILE})")
+    with np.load(path) as z:
+        return depth_to_rgb(z["depth_mm"].astype(np.float32) / 1000.0)
+
+
+def episode_flow_video(episode_dir: str | os.PathLike[str], max_px: float = FLOW_MAX_PX) -> np.ndarray:
+    """The episode's exact forward flow as the RGB video the 4D model learns: (T, H, W, 3) uint8,
+    frame 0 white, frame t the flow t − 1 → t."""
+    from rynn_jax.sim.export import FLOW_FILE
+
+    path = Path(episode_dir) / FLOW_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no flow render in this episode (rynn_jax.sim writes {FLOW_FILE})")
+    with np.load(path) as z:
+        flow = z["flow"].astype(np.float32)  # (T − 1, H, W, 2): t → t + 1
+    white = np.full((1, *flow.shape[1:3], 3), 255, np.uint8)
+    return np.concatenate([white, flow_to_rgb(flow, max_px)])
