@@ -7,14 +7,14 @@ Same paths as the real recipe (checkpoints, export): run it in a scratch WORKDIR
 
 import dataclasses
 
-from configs import synthetic_ae
+from configs import synthetic, synthetic_ae
 from rynn_jax.models.vae import WanVAEConfig
 
 
 def get_config():
     cfg = synthetic_ae.get_config()
     return dataclasses.replace(
-        cfg, model=WanVAEConfig.synthetic(base_dim=8, decoder_base_dim=8), total_steps=100,
+        cfg, model=WanVAEConfig.synthetic(base_dim=8, decoder_base_dim=8, z_dim=synthetic.LATENT_CHANNELS), total_steps=100,
         data=dataclasses.replace(cfg.data, height=64, width=112, num_frames=5, batch_size=4, worker_count=0,
                                  eval_clips=8, stats_clips=8),
         optim=dataclasses.replace(cfg.optim, lr=3e-3, warmup_steps=10),
