@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
+# of: heldout data autoencoder preencode teacher export), DATA_SECONDS (data generation runs in the
+# background until then), DATA_WORKERS, AE_START_EPISODES (the autoencoder starts once this many
+# training episodes exist), AE_SECONDS / TEACHER_SECONDS (then SIGINT: save and stop), AE_INIT /
+# TEACHER_INIT (exported weights to continue from), PREENCODE_WORKERS.
+set -u
+REPO=$(pwd); S=$REPO/scripts/synthetic_world_model.sh
+export WORKDIR=${WORKDIR:-/tmp/work} PYTHONPATH=$REPO:${PYTHONPATH:-}
+mkdir -p "$WORKDIR/out"; cd "$WORKDIR"
+STAGES=" ${STAGES:-heldout data autoencoder} "
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+log() { echo "[t=$(el)s $(date +%H:%M:%S)] $*"; }
+has() { [[ "$STAGES" == *" $1 "* ]]; }
+count() { ls -d data/synthetic/train/*/episode_?????? 2>/dev/null | wc -l; }
+for w in autoencoder teacher; do  # weights committed to the repository (e.g. the autoencoder a teacher lease trains on)
+  [ -e "weights/synthetic/$w" ] || [ ! -d "$REPO/weights/synthetic/$w" ] || { mkdir -p weights/synthetic; cp -r "$REPO/weights/synthetic/$w" weights/synthetic/; }
+done
+log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+has heldout && { WORKERS=16 $S heldout > out/heldout.log 2>&1; log "held-out: $(ls -d data/synthetic/heldout/*/episode_?????? | wc -l) episodes"; }
+DPID=
+if has data; then
+  ( WORKERS=${DATA_WORKERS:-14} exec setsid $S data ) > out/data.log 2>&1 &
+  DPID=$!
+fi
+stop_data() {
+  [ -n "$DPID" ] || return 0
+  while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
+  kill -TERM -- -"$DPID" 2>/dev/null; sleep 5; kill -KILL -- -"$DPID" 2>/dev/null
+  rm -rf data/synthetic/train/*/*.tmp; DPID=
+  log "data: $(count) training episodes"
+}
+if has autoencoder; then
+  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  log "autoencoder starts with $(count) episodes"
+  init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
+  timeout --signal=INT --kill-after=240 "${AE_SECONDS:-900}" \
+    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_ae.py" --set data.worker_count=12 $init > out/autoencoder.log 2>&1
+  log "autoencoder rc=$?"
+  [ -f weights/synthetic/autoencoder/config.json ] || {
+    python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae.py" --out weights/synthetic/autoencoder >> out/autoencoder.log 2>&1
+    log "autoencoder export rc=$?"; }
+fi
+stop_data
+if has preencode; then
+  $S text > out/text.log 2>&1; log "text rc=$?"
+  PREENCODE_WORKERS=${PREENCODE_WORKERS:-8} $S preencode > out/preencode.log 2>&1
+  log "preencode rc=$? $(ls data/synthetic/latents | wc -l) files"
+fi
+if has teacher; then
+  init=${TEACHER_INIT:+--set ckpt.init_from=$TEACHER_INIT}
+  timeout --signal=INT --kill-after=120 "${TEACHER_SECONDS:-600}" \
+    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_teacher.py" $init > out/teacher.log 2>&1
+  log "teacher rc=$?"
+fi
+has export && { $S export > out/export.log 2>&1; log "export rc=$?"; }
+log ALLDONE
