@@ -6,6 +6,7 @@
     python serve.py live [--port 8765] [--max-sessions B]   # live sessions over WebSocket, page at http://127.0.0.1:8765/
     python serve.py calibrate-fp8 --latents SHARDS --out scales.safetensors   # FP8 static activation scales
     python serve.py calibrate-vae-fp8 --latents SHARDS --vae DIR --out vae_scales.safetensors   # the VAE's
+    python serve.py policy --task T --episodes N (--policy DIR | --scripted)   # closed-loop success table
 
 `python serve.py COMMAND --help` lists a command's options with their defaults. Mistakes in flags
 or files end in one `error: …` line (exit 2 for flags, 1 for files); `--debug` shows the traceback.
@@ -18,7 +19,8 @@ from rynn_jax import errors
 COMMANDS = {"demo": "rynn_jax.teleop.demo:main", "generate": "rynn_jax.teleop.generate:main",
             "encode-prompts": "rynn_jax.text_encoder:main", "live": "rynn_jax.live.server:main",
             "calibrate-fp8": "rynn_jax.teleop.calibrate_fp8:main",
-            "calibrate-vae-fp8": "rynn_jax.teleop.calibrate_fp8:main_vae"}
+            "calibrate-vae-fp8": "rynn_jax.teleop.calibrate_fp8:main_vae",
+            "policy": "rynn_jax.policy.rollout:main"}
 
 
 def main(argv: list[str] | None = None) -> int:

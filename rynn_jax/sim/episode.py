@@ -157,92 +157,115 @@ def _activate_weld(m, d, eq: int) -> None:
     d.eq_active[eq] = 1
 
 
-def simulate(scene: scenes.Scene, d: mujoco.MjData, actions: np.ndarray) -> dict:
-    """Drive the settled scene with the 16 fps actions; record per-frame states and poses."""
-    m = scene.model
-    n = layout.ACTION_DIM
-    T = len(actions)
-    sub = int(round(1.0 / (FPS * m.opt.timestep)))
-    lo, hi = m.jnt_range[:n, 0].copy(), m.jnt_range[:n, 1].copy()
-    q, v = d.qpos[:n].copy(), np.zeros(n)
-    w = SERVO_OMEGA
-    dt = m.opt.timestep
-    welds = {m.eq(i).name: i for i in range(m.neq)}
-    palm_geom = {s: next(g for g in range(m.ngeom) if m.geom_bodyid[g] == m.body(f"{s}_palm").id and
-                         m.geom_type[g] == mujoco.mjtGeom.mjGEOM_BOX) for s in scenes.SIDES}
-    obj_geoms = {o.name: [g for g in range(m.ngeom) if m.geom_bodyid[g] == m.body(o.name).id] for o in scene.objects}
-    hand_slice = {s: layout.HAND_SLICES[s] for s in scenes.SIDES}
-    attached: dict[str, str | None] = {"left": None, "right": None}
-    events: list[dict] = []
-    free = _free_objects(scene)
-    qpos_frames = np.zeros((T, m.nq))
-    states = np.zeros((T, n))
-    xpos = np.zeros((T, m.nbody, 3))
-    xquat = np.zeros((T, m.nbody, 4))
-    max_pen = {"rigid": 0.0, "soft": 0.0}
-    max_speed = 0.0
-    soft_geoms = {g for name in ("pillow",) if name in obj_geoms for g in obj_geoms[name]}
-    fromto = np.zeros(6)
+class Robot:
+    """The kinematic robot driving a settled scene one video frame at a time: the servo, the weld
+    grasps and the contact / speed statistics (`simulate` replays a whole action sequence through
+    it; a closed-loop policy calls `advance` with the actions it chose)."""
 
-    def grasp_logic(step_t: float) -> None:
+    def __init__(self, scene: scenes.Scene, d: mujoco.MjData):
+        m = self.m = scene.model
+        self.scene, self.d = scene, d
+        n = self.n = layout.ACTION_DIM
+        self.sub = int(round(1.0 / (FPS * m.opt.timestep)))
+        self.lo, self.hi = m.jnt_range[:n, 0].copy(), m.jnt_range[:n, 1].copy()
+        self.q, self.v = d.qpos[:n].copy(), np.zeros(n)
+        self.welds = {m.eq(i).name: i for i in range(m.neq)}
+        self.palm_geom = {s: next(g for g in range(m.ngeom) if m.geom_bodyid[g] == m.body(f"{s}_palm").id and
+                                  m.geom_type[g] == mujoco.mjtGeom.mjGEOM_BOX) for s in scenes.SIDES}
+        self.obj_geoms = {o.name: [g for g in range(m.ngeom) if m.geom_bodyid[g] == m.body(o.name).id]
+                          for o in scene.objects}
+        self.attached: dict[str, str | None] = {"left": None, "right": None}
+        self.events: list[dict] = []
+        self.free = _free_objects(scene)
+        self.max_pen = {"rigid": 0.0, "soft": 0.0}
+        self.max_speed = 0.0
+        self.soft_geoms = {g for name in ("pillow",) if name in self.obj_geoms for g in self.obj_geoms[name]}
+        self._fromto = np.zeros(6)
+
+    def _grasp_logic(self, step_t: float) -> None:
+        m, d, scene = self.m, self.d, self.scene
         for side in scenes.SIDES:
-            c = float(operators.closure(q[hand_slice[side]]))
-            if attached[side] is None and c > ATTACH_CLOSURE:
+            c = float(operators.closure(self.q[layout.HAND_SLICES[side]]))
+            if self.attached[side] is None and c > ATTACH_CLOSURE:
                 for o in scene.objects:
                     if side not in o.graspable_by:
                         continue
-                    dist = min(mujoco.mj_geomDistance(m, d, palm_geom[side], g, 0.2, fromto) for g in obj_geoms[o.name])
+                    dist = min(mujoco.mj_geomDistance(m, d, self.palm_geom[side], g, 0.2, self._fromto)
+                               for g in self.obj_geoms[o.name])
                     if dist < ATTACH_DIST:
-                        _activate_weld(m, d, welds[f"grasp_{side}_{o.name}"])
-                        attached[side] = o.name
-                        events.append({"t": round(step_t, 4), "side": side, "event": "attach", "object": o.name,
-                                       "palm_distance": round(float(dist), 4)})
+                        _activate_weld(m, d, self.welds[f"grasp_{side}_{o.name}"])
+                        self.attached[side] = o.name
+                        self.events.append({"t": round(step_t, 4), "side": side, "event": "attach", "object": o.name,
+                                            "palm_distance": round(float(dist), 4)})
                         break
-            elif attached[side] is not None and c < RELEASE_CLOSURE:
-                d.eq_active[welds[f"grasp_{side}_{attached[side]}"]] = 0
-                events.append({"t": round(step_t, 4), "side": side, "event": "release", "object": attached[side]})
-                attached[side] = None
+            elif self.attached[side] is not None and c < RELEASE_CLOSURE:
+                d.eq_active[self.welds[f"grasp_{side}_{self.attached[side]}"]] = 0
+                self.events.append({"t": round(step_t, 4), "side": side, "event": "release",
+                                    "object": self.attached[side]})
+                self.attached[side] = None
 
-    def contacts() -> None:
+    def _contacts(self) -> None:
+        d = self.d
         for i in range(d.ncon):
             c = d.contact[i]
-            key = "soft" if (c.geom1 in soft_geoms or c.geom2 in soft_geoms) else "rigid"
-            max_pen[key] = max(max_pen[key], -float(c.dist))
+            key = "soft" if (c.geom1 in self.soft_geoms or c.geom2 in self.soft_geoms) else "rigid"
+            self.max_pen[key] = max(self.max_pen[key], -float(c.dist))
 
-    for k in range(T):
-        # Frame k is observed at t_k; then the command moves toward action[k+1] until t_{k+1}.
-        mujoco.mj_forward(m, d)
-        qpos_frames[k] = d.qpos
-        states[k] = q
-        xpos[k], xquat[k] = d.xpos, d.xquat
-        if k == T - 1:
-            break
-        a0, a1 = actions[k], actions[k + 1]
-        for s in range(sub):
-            u = (s + 1) / sub
+    def advance(self, a0: np.ndarray, a1: np.ndarray, k: int) -> None:
+        """Frame k → k+1: the command moves linearly from a0 to a1, the servo follows it."""
+        m, d, n, w, dt = self.m, self.d, self.n, SERVO_OMEGA, self.m.opt.timestep
+        q, v = self.q, self.v
+        for s in range(self.sub):
+            u = (s + 1) / self.sub
             cmd = (1 - u) * a0 + u * a1
             acc = w * w * (cmd - q) - 2 * w * v
             v = v + acc * dt
             q = q + v * dt
-            clipped = (q < lo) | (q > hi)
-            q = np.clip(q, lo, hi)
+            clipped = (q < self.lo) | (q > self.hi)
+            q = np.clip(q, self.lo, self.hi)
             v[clipped] = 0.0
             d.qpos[:n] = q
             d.qvel[:n] = v
+            self.q, self.v = q, v
             mujoco.mj_step(m, d)
             if s % 4 == 3:
-                grasp_logic(k / FPS + u / FPS)
-                contacts()
-        for name in free:
+                self._grasp_logic(k / FPS + u / FPS)
+                self._contacts()
+        for name in self.free:
             jadr = m.body(name).dofadr[0]
-            max_speed = max(max_speed, float(np.linalg.norm(d.qvel[jadr:jadr + 3])))
-    d.qpos[:n] = q
-    mujoco.mj_forward(m, d)
+            self.max_speed = max(self.max_speed, float(np.linalg.norm(d.qvel[jadr:jadr + 3])))
+
+    def finish(self) -> None:
+        """Leave the data at the servo's final joints (what `goal_reached` reads)."""
+        self.d.qpos[:self.n] = self.q
+        mujoco.mj_forward(self.m, self.d)
+
+
+def simulate(scene: scenes.Scene, d: mujoco.MjData, actions: np.ndarray) -> dict:
+    """Drive the settled scene with the 16 fps actions; record per-frame states and poses."""
+    m = scene.model
+    T = len(actions)
+    robot = Robot(scene, d)
+    qpos_frames = np.zeros((T, m.nq))
+    states = np.zeros((T, robot.n))
+    xpos = np.zeros((T, m.nbody, 3))
+    xquat = np.zeros((T, m.nbody, 4))
+    for k in range(T):
+        # Frame k is observed at t_k; then the command moves toward action[k+1] until t_{k+1}.
+        mujoco.mj_forward(m, d)
+        qpos_frames[k] = d.qpos
+        states[k] = robot.q
+        xpos[k], xquat[k] = d.xpos, d.xquat
+        if k == T - 1:
+            break
+        robot.advance(actions[k], actions[k + 1], k)
+    robot.finish()
+    free = robot.free
     object_poses = np.stack([[np.concatenate([xpos[k, m.body(o).id], xquat[k, m.body(o).id]]) for o in free]
                              for k in range(T)]) if free else np.zeros((T, 0, 7))
-    return {"qpos": qpos_frames, "states": states, "xpos": xpos, "xquat": xquat, "events": events,
-            "max_penetration": max_pen, "max_object_speed": max_speed, "object_poses": object_poses,
-            "attached_at_end": dict(attached), "final": d}
+    return {"qpos": qpos_frames, "states": states, "xpos": xpos, "xquat": xquat, "events": robot.events,
+            "max_penetration": robot.max_pen, "max_object_speed": robot.max_speed, "object_poses": object_poses,
+            "attached_at_end": dict(robot.attached), "final": d}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,6 +469,22 @@ def sanity_checks(scene: scenes.Scene, sim: dict, ret: dict, actions: np.ndarray
 # --------------------------------------------------------------------------------------------------
 
 
+def script(scene: scenes.Scene, d: mujoco.MjData, num_frames: int
+           ) -> tuple[operators.Timeline, streams.Stream, dict]:
+    """The scripted operator of the settled scene (its seed's plan, timing and stream)."""
+    m = scene.model
+    rng = np.random.default_rng([scene.seed, scenes.TASKS.index(scene.task), 9])
+    pos = {o.name: d.xpos[m.body(o.name).id].copy() for o in scene.objects}
+    yaw = {o.name: _yaw(d.xquat[m.body(o.name).id]) for o in scene.objects}
+    segments = operators.plan(scene, pos, yaw, rng)
+    duration = (num_frames - 1) / FPS
+    tl = operators.humanize(segments, operators.home_poses(), rng, start=rng.uniform(0.2, 0.4),
+                            max_end=duration - 0.5)
+    stream, op_info = operators.make_stream(tl, duration, rng, task=scene.task, seed=scene.seed,
+                                            camera_world=scenes.camera_pose_opencv(m, d))
+    return tl, stream, op_info
+
+
 def generate(task: str, seed: int, *, resolution: str | tuple[int, int] = "tiny",
              num_frames: int = DEFAULT_FRAMES, render: bool = True, shadows: bool | None = None) -> Episode:
     """One episode of `task` from `seed`. `render=False` skips images (fast success statistics);
@@ -457,16 +496,9 @@ def generate(task: str, seed: int, *, resolution: str | tuple[int, int] = "tiny"
     t0 = time.perf_counter()
     scene = scenes.build(task, seed, width=width, height=height, shadows=shadows)
     d = settle(scene)
-    rng = np.random.default_rng([seed, scenes.TASKS.index(task), 9])
     m = scene.model
-    pos = {o.name: d.xpos[m.body(o.name).id].copy() for o in scene.objects}
-    yaw = {o.name: _yaw(d.xquat[m.body(o.name).id]) for o in scene.objects}
-    segments = operators.plan(scene, pos, yaw, rng)
-    duration = (num_frames - 1) / FPS
-    tl = operators.humanize(segments, operators.home_poses(), rng, start=rng.uniform(0.2, 0.4),
-                            max_end=duration - 0.5)
+    tl, stream, op_info = script(scene, d, num_frames)
     cam_pose = scenes.camera_pose_opencv(m, d)
-    stream, op_info = operators.make_stream(tl, duration, rng, task=task, seed=seed, camera_world=cam_pose)
     tim["scene_script_s"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()

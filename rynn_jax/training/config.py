@@ -23,8 +23,9 @@ from rynn_jax.training.lora import LoraConfig
 class OptimConfig:
     lr: float = 2e-5  # peak learning rate (paper: 2e-5 stage 0/1, 1e-5 stage 2)
     warmup_steps: int = 200  # linear warm-up from 0
-    schedule: Literal["cosine", "constant"] = "cosine"  # after warm-up (released code: cosine)
-    end_lr_factor: float = 0.0  # cosine ends at lr · end_lr_factor
+    schedule: Literal["cosine", "constant", "tri_stage"] = "cosine"  # after warm-up (released code: cosine)
+    end_lr_factor: float = 0.0  # cosine / tri_stage end at lr · end_lr_factor
+    hold_steps: int = 0  # tri_stage: steps at lr after the warm-up, then exponential decay (policy head)
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8

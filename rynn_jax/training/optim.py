@@ -15,6 +15,12 @@ from rynn_jax.training.config import OptimConfig
 
 def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    if cfg.schedule == "tri_stage":  # the released policy trainer's: 0.1·lr → lr, hold, exponential decay
+        hold = min(cfg.hold_steps, max(total_steps - warmup - 1, 0))
+        decay = max(total_steps - warmup - hold, 1)
+        return optax.join_schedules(
+            [optax.linear_schedule(0.1 * cfg.lr, cfg.lr, warmup), optax.constant_schedule(cfg.lr),
+             optax.exponential_decay(cfg.lr, decay, max(cfg.end_lr_factor, 1e-12))], [warmup, warmup + hold])
     if cfg.schedule == "constant":
         return optax.join_schedules(
             [optax.linear_schedule(0.0, cfg.lr, warmup), optax.constant_schedule(cfg.lr)], [warmup])

@@ -1,0 +1,134 @@
+"""Vision encoders behind one protocol: an observation (RGB, depth as grey RGB) → the policy's
+vision input, from frozen parameters passed in explicitly (so jitted callers take them as
+arguments, never as baked-in constants).
+
+    World4DFeatures (world4d, world4d_rgb)  one frozen RynnWorld-4D forward to `backbone.layer`:
+        frame 0 = VAE(RGB), VAE(depth as grey video), VAE(white = zero flow); frames 1.. noise
+        (independent per branch, from a key); timesteps 0 | 500 …; text = the goal tokens
+        ─▶ (B, T, S, 3·D) (world4d) or the RGB third (B, T, S, D) (world4d_rgb)
+    ImageInput (cnn)   RGB + one depth channel in [−1, 1], (B, H, W, 4); the CNN is trained with
+        the head, inside `model.Policy`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rynn_jax.policy.config import PolicyConfig
+
+
+class VisionEncoder(Protocol):
+    params: object  # frozen pytree (empty for ImageInput)
+
+    def apply(self, params, rgb_bhw3: jax.Array, depth_rgb_bhw3: jax.Array, goal_bgk: jax.Array,
+              rng: jax.Array) -> jax.Array:
+        """uint8 RGB and depth-as-grey-RGB (B, H, W, 3) at cfg.image_size and the goal tokens →
+        the policy's vision input."""
+        ...
+
+
+def to_unit(x_u8: jax.Array) -> jax.Array:
+    return x_u8.astype(jnp.float32) / 127.5 - 1.0
+
+
+class ImageInput:
+    params: dict = {}
+
+    def apply(self, params, rgb_bhw3, depth_rgb_bhw3, goal_bgk, rng):
+        return jnp.concatenate([to_unit(rgb_bhw3), to_unit(depth_rgb_bhw3[..., :1])], axis=-1)
+
+
+def load_dit4d(path: str):
+    """A WanDiT4D from a directory in the rynn_jax.checkpoints layout (config.json with its nested base)."""
+    from rynn_jax import checkpoints
+    from rynn_jax.models.dit import WanDiTConfig
+    from rynn_jax.models.dit4d import WanDiT4DConfig, abstract_dit4d, dit4d_from_params
+
+    tup = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
+    with open(os.path.join(path, checkpoints.CONFIG_FILE)) as f:
+        raw = json.load(f)
+    if raw.pop("__class__", "WanDiT4DConfig") != "WanDiT4DConfig":
+        raise ValueError(f"{path}: not a WanDiT4D directory")
+    cfg = WanDiT4DConfig(base=WanDiTConfig(**tup(raw.pop("base"))), **tup(raw))
+    abstract = nnx.to_pure_dict(nnx.state(abstract_dit4d(cfg)))
+    return dit4d_from_params(cfg, checkpoints.restore_params(path, abstract))
+
+
+class World4DFeatures:
+    """Frozen RynnWorld-4D block features (the "tiny" names build random toy weights for tests)."""
+
+    def __init__(self, cfg: PolicyConfig):
+        from rynn_jax.models import vae as vae_lib
+        from rynn_jax.models.dit4d import WanDiT4DConfig, init_dit4d
+
+        self.cfg = cfg
+        bb = cfg.backbone
+        for name, value in (("backbone.dit", bb.dit), ("backbone.vae", bb.vae)):
+            if value != "tiny" and not os.path.isdir(value):
+                raise FileNotFoundError(f"{name} {value!r}: no such directory (or 'tiny' for toy random weights)")
+        dit = init_dit4d(WanDiT4DConfig.tiny(), seed=1) if bb.dit == "tiny" else load_dit4d(bb.dit)
+        z = dit.cfg.in_channels
+        if bb.vae == "tiny":
+            vae = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny(z_dim=z, latents_mean=(0.0,) * z, latents_std=(1.0,) * z), 2)
+        else:
+            from rynn_jax.models.vae_weights import load_vae
+            vae = load_vae(bb.vae)
+        if vae.cfg.z_dim != z:
+            raise ValueError(f"backbone.vae has {vae.cfg.z_dim} latent channels, the 4D model reads {z}")
+        if not 0 <= bb.layer < dit.cfg.base.num_layers:
+            raise ValueError(f"backbone.layer {bb.layer} outside the model's {dit.cfg.base.num_layers} blocks")
+        if cfg.head.goal_dim != dit.cfg.text_dim or cfg.head.goal_len > dit.cfg.text_len:
+            raise ValueError(f"head.goal_dim/goal_len {cfg.head.goal_dim}/{cfg.head.goal_len} must match the 4D "
+                             f"model's text width {dit.cfg.text_dim} (≤ {dit.cfg.text_len} tokens)")
+        width = (3 if cfg.encoder == "world4d" else 1) * dit.cfg.base.dim
+        if cfg.compressor.in_dim != width:
+            raise ValueError(f"compressor.in_dim {cfg.compressor.in_dim} ≠ the {cfg.encoder} feature width {width}")
+        self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg
+        (self._dit_def, dit_state), (self._vae_def, vae_state) = nnx.split(dit), nnx.split(vae)
+        self.params = {"dit": dit_state, "vae": vae_state}
+
+    def apply(self, params, rgb_bhw3, depth_rgb_bhw3, goal_bgk, rng):
+        from rynn_jax.models import vae as vae_lib
+
+        bb = self.cfg.backbone
+        b = rgb_bhw3.shape[0]
+        h, w = bb.image_size
+        images = jnp.stack([to_unit(rgb_bhw3), to_unit(depth_rgb_bhw3), jnp.ones_like(to_unit(rgb_bhw3))])
+        images = jax.image.resize(images, (3, b, h, w, 3), "linear").reshape(3 * b, 1, h, w, 3)
+        z0 = vae_lib.encode(self._vae_def, params["vae"], images)  # (3B, 1, h', w', z)
+        z0 = z0.reshape(3, b, *z0.shape[2:])
+        noise = jax.random.normal(rng, (3, b, bb.latent_frames - 1, *z0.shape[2:]), jnp.float32)
+        z = jnp.concatenate([z0[:, :, None], noise], axis=2)
+        t_bf = jnp.concatenate([jnp.zeros((b, 1)), jnp.full((b, bb.latent_frames - 1), bb.timestep)], axis=1)
+        return self.features(params, (z[0], z[1], z[2]), t_bf, goal_bgk)
+
+    def features(self, params, z, t_bf, goal_bgk):
+        """(B, T, S, C) block features of latents `z` (the three branches) at timesteps t_bf, the
+        text context = the goal tokens, zero-padded to the model's text length."""
+        dcfg = self.dit_cfg
+        b, f, hh, ww, _ = z[0].shape
+        goal = goal_bgk[:, :self.cfg.head.goal_len].astype(jnp.float32)
+        ctx = jnp.zeros((b, dcfg.text_len, dcfg.text_dim), jnp.float32).at[:, :goal.shape[1]].set(goal)
+        feats = nnx.merge(self._dit_def, params["dit"]).features(z, t_bf, ctx, self.cfg.backbone.layer)
+        if self.cfg.encoder == "world4d_rgb":
+            feats = feats[..., :dcfg.base.dim]
+        pt, ph, pw = dcfg.patch_size
+        return feats.reshape(b, f // pt, (hh // ph) * (ww // pw), feats.shape[-1])
+
+
+def make_encoder(cfg: PolicyConfig) -> VisionEncoder:
+    return ImageInput() if cfg.encoder == "cnn" else World4DFeatures(cfg)
+
+
+def depth_image(depth_m: np.ndarray) -> np.ndarray:
+    """Depth in metres (…, H, W) → the grey RGB the 4D model reads (data.geometry_video)."""
+    from rynn_jax.data.geometry_video import depth_to_rgb
+
+    return depth_to_rgb(depth_m)

@@ -1,0 +1,262 @@
+"""Closed-loop evaluation in the MuJoCo world: observe, predict a chunk, execute it, repeat.
+
+    python serve.py policy --task dual_pick --episodes 35 --policy runs/policy_cnn/export --out outputs/policy
+    python serve.py policy --task all --episodes 35 --scripted --out outputs/policy     # the upper reference
+
+Per trial (held-out seeds `--seed`, `--seed` + 1, …; training data uses attempt seeds from 0): the
+task's scene is built and settled, then every `chunk` frames the actor sees the head camera (RGB +
+depth) and the 54-D joint state and returns the next `chunk` joint targets, which drive the
+simulated robot exactly as recorded episodes are driven (`sim.episode.Robot`: 16 fps targets,
+servo, weld grasps). At each chunk boundary the sim's own checks decide: success = the task's
+`goal_reached` on the current state with no object held; a trial ends on success or at the time
+limit (`--time-limit`, default 10 s; the scripted episodes take 7). Writes per trial a video and a
+frame strip, `<out>/<method>/<task>/trials.jsonl`, and the success table `<out>/success.json` +
+`success.md` (rows = methods, columns = tasks; runs into the same --out add up to one table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+import jax
+import mujoco
+import numpy as np
+
+from rynn_jax import errors
+from rynn_jax.sim import scenes
+
+STRIP_FRAMES = 6
+
+
+class Actor(Protocol):
+    name: str
+    chunk: int
+
+    def reset(self, scene: scenes.Scene, d: mujoco.MjData) -> None: ...
+
+    def act(self, rgb_hw3: np.ndarray, depth_hw: np.ndarray, state: np.ndarray, frame: int) -> np.ndarray:
+        """The next `chunk` joint targets (chunk, 54) for frames frame + 1 …"""
+        ...
+
+
+class ScriptedActor:
+    """The scripted operator of the synthetic data (its retargeted actions, played open loop)."""
+    name = "scripted"
+
+    def __init__(self, chunk: int = 10):
+        self.chunk = chunk
+
+    def reset(self, scene, d):
+        from rynn_jax.sim import episode
+
+        frames = episode.DEFAULT_FRAMES
+        _, stream, _ = episode.script(scene, d, frames)
+        self.actions = episode.retarget_stream(stream, np.arange(frames) / episode.FPS)["actions"]
+
+    def act(self, rgb_hw3, depth_hw, state, frame):
+        idx = np.minimum(frame + 1 + np.arange(self.chunk), len(self.actions) - 1)
+        return self.actions[idx]
+
+
+class PolicyActor:
+    """A trained (or freshly initialised) policy; its noise key is fixed per trial and chunk."""
+
+    def __init__(self, policy, name: str, seed: int = 0, text_dir: str = ""):
+        self.policy, self.name, self.seed, self.text_dir = policy, name, seed, text_dir
+        self.chunk = policy.cfg.head.chunk
+
+    def reset(self, scene, d):
+        from rynn_jax.policy.data import goal_tokens
+
+        h = self.policy.cfg.head
+        self.goal = goal_tokens(scenes.DESCRIPTIONS[scene.task], h.goal_len, h.goal_dim, self.text_dir)[None]
+        self.key = jax.random.fold_in(jax.random.key(self.seed), scene.seed)
+
+    def act(self, rgb_hw3, depth_hw, state, frame):
+        from rynn_jax.policy.data import observation
+
+        rgb, depth_rgb = observation(rgb_hw3, depth_hw, self.policy.cfg.image_size)
+        key = jax.random.fold_in(self.key, frame)
+        return self.policy.predict(rgb[None], depth_rgb[None], state[None], self.goal, key)[0]
+
+
+class Camera:
+    """The head camera's RGB (uint8) and z-depth (metres) of the current simulation state."""
+
+    def __init__(self, scene: scenes.Scene, height: int, width: int):
+        from rynn_jax.kinematics import replay
+        from rynn_jax.sim.episode import ensure_headless_gl
+
+        ensure_headless_gl()
+        self.renderer = replay.offscreen_renderer(scene.model, height, width)
+
+    def __call__(self, d: mujoco.MjData) -> tuple[np.ndarray, np.ndarray]:
+        r = self.renderer
+        r.update_scene(d, camera="head_camera")
+        rgb = r.render()
+        r.enable_depth_rendering()
+        depth = r.render()
+        r.disable_depth_rendering()
+        return rgb, depth
+
+    def close(self) -> None:
+        self.renderer.close()
+
+
+def succeeded(scene: scenes.Scene, d: mujoco.MjData, robot) -> tuple[bool, dict]:
+    """The sim's own verdict: the task's goal on this state, and nothing still held."""
+    from rynn_jax.sim.episode import goal_reached
+
+    ok, measured = goal_reached(scene, d)
+    held = [o for o in robot.attached.values() if o is not None]
+    return bool(ok and not held), {"goal": measured, "goal_reached": ok, "held": held}
+
+
+def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int], time_limit_s: float
+              ) -> dict:
+    """One closed-loop trial; returns the verdict, timings and the video frames."""
+    from rynn_jax.sim import episode
+
+    h, w = resolution
+    scene = scenes.build(task, seed, width=w, height=h, shadows=min(h, w) > 64)
+    d = episode.settle(scene)
+    robot = episode.Robot(scene, d)
+    camera = Camera(scene, h, w)
+    limit = int(round(time_limit_s * episode.FPS))
+    t0 = time.perf_counter()
+    actor.reset(scene, d)
+    t_act, frames, k, command = 0.0, [], 0, robot.q.copy()
+    ok, verdict = False, {}
+    try:
+        mujoco.mj_forward(scene.model, d)
+        rgb, depth = camera(d)
+        frames.append(rgb)
+        while k < limit:
+            t1 = time.perf_counter()
+            chunk = np.asarray(actor.act(rgb, depth, robot.q.astype(np.float32), k), np.float64)
+            t_act += time.perf_counter() - t1
+            if chunk.shape != (actor.chunk, robot.n) or not np.isfinite(chunk).all():
+                raise ValueError(f"{actor.name}: chunk of shape {chunk.shape} (finite: {np.isfinite(chunk).all()})")
+            for target in chunk[:limit - k]:
+                robot.advance(command, target, k)
+                command, k = target, k + 1
+                mujoco.mj_forward(scene.model, d)
+                rgb, depth = camera(d)
+                frames.append(rgb)
+            robot.finish()
+            ok, verdict = succeeded(scene, d, robot)
+            if ok:
+                break
+    finally:
+        camera.close()
+    return {"task": task, "seed": seed, "success": ok, "frames": k, "seconds_simulated": round(k / episode.FPS, 3),
+            "act_s_per_chunk": round(t_act / max(1, -(-k // actor.chunk)), 4),
+            "wall_s": round(time.perf_counter() - t0, 2), **verdict, "video": np.stack(frames)}
+
+
+def frame_strip(video_thw3: np.ndarray, n: int = STRIP_FRAMES) -> np.ndarray:
+    """`n` frames evenly spaced over the trial (first and last included), side by side."""
+    idx = np.linspace(0, len(video_thw3) - 1, n).round().astype(int)
+    return np.concatenate(list(video_thw3[idx]), axis=1)
+
+
+def update_table(out: Path, method: str, task: str, successes: int, trials: int) -> dict:
+    """Merge one (method, task) cell into <out>/success.json and rewrite success.md."""
+    path = out / "success.json"
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table.setdefault(method, {})[task] = {"successes": successes, "trials": trials,
+                                          "rate": round(successes / trials, 4)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    os.replace(tmp, path)
+    tasks = [t for t in scenes.TASKS if any(t in row for row in table.values())]
+    lines = ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for name, row in table.items():
+        cells = [f"{100 * row[t]['rate']:.1f} % ({row[t]['successes']}/{row[t]['trials']})" if t in row else "–"
+                 for t in tasks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    (out / "success.md").write_text("\n".join(lines) + "\n")
+    return table
+
+
+def evaluate(actor: Actor, tasks: list[str], episodes: int, out: str | os.PathLike[str], *, seed: int = 100_000,
+             resolution: tuple[int, int] = (64, 112), time_limit_s: float = 10.0, videos: bool = True) -> dict:
+    """`episodes` trials per task on seeds seed, seed + 1, …; returns the success table."""
+    from rynn_jax.render.preview import save_png, save_video
+    from rynn_jax.sim.episode import FPS
+
+    out = Path(out)
+    table: dict = {}
+    for task in tasks:
+        d = out / actor.name / task
+        d.mkdir(parents=True, exist_ok=True)
+        wins = 0
+        with open(d / "trials.jsonl", "w") as log:
+            for i in range(episodes):
+                r = run_trial(actor, task, seed + i, resolution=resolution, time_limit_s=time_limit_s)
+                video = r.pop("video")
+                if videos:
+                    save_video(d / f"trial_{seed + i}.mp4", video, fps=int(FPS))
+                    save_png(d / f"trial_{seed + i}_strip.png", frame_strip(video))
+                wins += r["success"]
+                log.write(json.dumps(r) + "\n")
+                print(json.dumps({k: r[k] for k in ("task", "seed", "success", "frames", "wall_s")}), flush=True)
+        table = update_table(out, actor.name, task, wins, episodes)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rynn_jax.sim.cli import parse_resolution
+    from rynn_jax.sim.episode import RESOLUTIONS
+
+    ap = errors.ArgumentParser(prog="python serve.py policy", description=__doc__)
+    ap.add_argument("--task", default="all", help=f"one of {', '.join(scenes.TASKS)}, a comma list, or 'all'")
+    ap.add_argument("--episodes", type=int, default=35, help="trials per task")
+    who = ap.add_mutually_exclusive_group(required=True)
+    who.add_argument("--policy", help="policy directory (the trainer's export); 'tiny-cnn' = untrained toy policy")
+    who.add_argument("--scripted", action="store_true", help="the scripted operator (upper reference)")
+    ap.add_argument("--name", default="", help="row name in the success table (default: the policy directory's name)")
+    ap.add_argument("--out", default="outputs/policy", help="output directory (videos, strips, success table)")
+    ap.add_argument("--seed", type=int, default=100_000, help="first trial seed (held out from training's 0, 1, …)")
+    ap.add_argument("--resolution", default="tiny", help="render size: tiny 64×112, small, full, or HxW")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds of simulated time per trial")
+    ap.add_argument("--text-embeddings", default="", help="umT5 goal embeddings directory (default: hashed)")
+    ap.add_argument("--no-videos", action="store_true", help="skip per-trial videos and strips")
+    a = ap.parse_args(argv)
+    tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
+    for t in tasks:
+        if t not in scenes.TASKS:
+            raise errors.UsageError(f"--task {t}: unknown", fix=f"choose from {', '.join(scenes.TASKS)} or all")
+    if a.episodes < 1 or a.time_limit <= 0:
+        raise errors.UsageError(f"--episodes {a.episodes}, --time-limit {a.time_limit}: need ≥ 1 and > 0")
+    try:
+        res = parse_resolution(a.resolution)
+    except ValueError as e:
+        raise errors.UsageError(f"--resolution {a.resolution}: {e}") from None
+    res = RESOLUTIONS[res] if isinstance(res, str) else res
+    if a.text_embeddings:
+        errors.existing(a.text_embeddings, "--text-embeddings", kind="directory")
+    errors.writable_dir(a.out, "--out")
+    if a.scripted:
+        actor: Actor = ScriptedActor()
+    else:
+        from rynn_jax.policy import inference
+        from rynn_jax.policy.config import PolicyConfig
+        from rynn_jax.policy.normalize import ActionNormalizer
+
+        if a.policy == "tiny-cnn":
+            norm = ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32))
+            policy = inference.from_params(PolicyConfig.tiny("cnn"), None, norm)
+        else:
+            errors.existing(a.policy, "--policy", kind="directory")
+            policy = inference.load(a.policy)
+        actor = PolicyActor(policy, a.name or Path(a.policy).name, text_dir=a.text_embeddings)
+    table = evaluate(actor, tasks, a.episodes, a.out, seed=a.seed, resolution=res, time_limit_s=a.time_limit,
+                     videos=not a.no_videos)
+    print((Path(a.out) / "success.md").read_text())
+    return 0 if table else 1
