@@ -77,8 +77,8 @@ def load_episode(directory: str, size: tuple[int, int], chunk: int, goal_len: in
 class EpisodeCache:
     """The last `size` episodes' arrays (thread-safe; grain reads with threads)."""
 
-    def __init__(self, size: int, **load_kwargs):
-        self.size, self.kw = size, load_kwargs
+    def __init__(self, episodes: int, **load_kwargs):
+        self.size, self.kw = episodes, load_kwargs
         self.items: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.lock = threading.Lock()
 
