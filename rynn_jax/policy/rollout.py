@@ -119,7 +119,8 @@ def succeeded(scene: scenes.Scene, d: mujoco.MjData, robot) -> tuple[bool, dict]
 
 def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int], time_limit_s: float
               ) -> dict:
-    """One closed-loop trial; returns the verdict, timings and the video frames."""
+    """One closed-loop trial; returns the verdict, timings, the video frames and the final
+    simulation (`sim`: scene, data, robot)."""
     from rynn_jax.sim import episode
 
     h, w = resolution
@@ -156,7 +157,8 @@ def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int]
         camera.close()
     return {"task": task, "seed": seed, "success": ok, "frames": k, "seconds_simulated": round(k / episode.FPS, 3),
             "act_s_per_chunk": round(t_act / max(1, -(-k // actor.chunk)), 4),
-            "wall_s": round(time.perf_counter() - t0, 2), **verdict, "video": np.stack(frames)}
+            "wall_s": round(time.perf_counter() - t0, 2), **verdict, "video": np.stack(frames),
+            "sim": (scene, d, robot)}
 
 
 def frame_strip(video_thw3: np.ndarray, n: int = STRIP_FRAMES) -> np.ndarray:
@@ -199,7 +201,7 @@ def evaluate(actor: Actor, tasks: list[str], episodes: int, out: str | os.PathLi
         with open(d / "trials.jsonl", "w") as log:
             for i in range(episodes):
                 r = run_trial(actor, task, seed + i, resolution=resolution, time_limit_s=time_limit_s)
-                video = r.pop("video")
+                video, _ = r.pop("video"), r.pop("sim")
                 if videos:
                     save_video(d / f"trial_{seed + i}.mp4", video, fps=int(FPS))
                     save_png(d / f"trial_{seed + i}_strip.png", frame_strip(video))

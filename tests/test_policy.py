@@ -1,0 +1,187 @@
+"""The RynnWorld-4D policy (rynn_jax/policy): flow-matching head on a known distribution,
+deterministic sampling, action normalisation, SPEC-size parameter count, closed loop in the sim."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from rynn_jax.data.errors import DataError
+from rynn_jax.policy import config as config_lib
+from rynn_jax.policy import flow, inference, model
+from rynn_jax.policy.normalize import ActionNormalizer
+
+TOY_HEAD = config_lib.HeadConfig(dim=32, heads=2, encoder_layers=1, decoder_layers=2, goal_dim=4, goal_len=1,
+                                 proprio_dim=1, action_dim=1, chunk=1, attn_dropout=0.0, resid_dropout=0.0,
+                                 mlp_dropout=0.0)
+MODES, MODE_STD = (-1.5, 1.5), 0.15
+WEIGHT_HI = {+1.0: 0.75, -1.0: 0.25}  # P(upper mode) given the proprioceptive input
+
+
+def _mixture(rng: np.random.Generator, cond: np.ndarray) -> np.ndarray:
+    upper = rng.random(len(cond)) < np.vectorize(WEIGHT_HI.get)(cond)
+    return np.where(upper, MODES[1], MODES[0]) + MODE_STD * rng.standard_normal(len(cond))
+
+
+@pytest.fixture(scope="module")
+def trained_toy_head():
+    """The action head trained by flow matching on a 1-D two-mode mixture whose weights depend on
+    the proprioceptive token (so the samples must read the encoder's context)."""
+    head = model.ActionHead(TOY_HEAD, vision_dim=4, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(head, nnx.Param)
+    tx = optax.adam(3e-3)
+
+    def ctx(h, cond):
+        b = cond.shape[0]
+        return h.encode(jnp.zeros((b, 1, 4)), jnp.zeros((b, 1, 4)), cond[:, None])
+
+    @jax.jit
+    def step(params, opt, cond, a, key):
+        def loss_fn(p):
+            h = nnx.merge(graphdef, p)
+            c = ctx(h, cond)
+            return flow.loss(lambda x, t: h.velocity(c, x, t), a[:, None, None], key)
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, loss
+
+    rng = np.random.default_rng(0)
+    opt = tx.init(params)
+    for i in range(700):
+        cond = rng.choice([-1.0, 1.0], 256)
+        params, opt, _ = step(params, opt, jnp.asarray(cond, jnp.float32), jnp.asarray(_mixture(rng, cond), jnp.float32),
+                              jax.random.key(i))
+
+    @jax.jit
+    def sample(params, cond, key):
+        h = nnx.merge(graphdef, params)
+        c = ctx(h, cond)
+        return flow.sample(lambda x, t: h.velocity(c, x, t), (cond.shape[0], 1, 1), key, steps=4)[:, 0, 0]
+
+    return lambda cond, key: np.asarray(sample(params, jnp.asarray(cond, jnp.float32), key))
+
+
+@pytest.mark.parametrize("cond", [-1.0, 1.0])
+def test_flow_head_learns_two_mode_mixture(trained_toy_head, cond):
+    x = trained_toy_head(np.full(4000, cond), jax.random.key(7))
+    upper = x > 0
+    assert abs(upper.mean() - WEIGHT_HI[cond]) < 0.06, upper.mean()
+    assert abs(x[upper].mean() - MODES[1]) < 0.2 and abs(x[~upper].mean() - MODES[0]) < 0.2
+    assert np.mean(np.abs(x) < 0.5) < 0.05  # little mass between the modes
+
+
+def test_sampling_is_deterministic_given_the_key(trained_toy_head):
+    cond = np.ones(64)
+    a, b = trained_toy_head(cond, jax.random.key(3)), trained_toy_head(cond, jax.random.key(3))
+    c = trained_toy_head(cond, jax.random.key(4))
+    assert np.array_equal(a, b) and not np.allclose(a, c)
+
+
+def test_euler_sampler_integrates_a_known_field():
+    """v = a − x (the optimal field toward a fixed chunk a): n Euler steps from ε leave
+    x = a + (ε − a)·(1 − 1/n)^n exactly."""
+    a = jnp.asarray([[2.0, -1.0, 0.5]])
+    x = flow.sample(lambda x, t: a - x, a.shape, jax.random.key(0), steps=4)
+    eps = jax.random.normal(jax.random.key(0), a.shape)
+    np.testing.assert_allclose(x, a + (eps - a) * (1 - 1 / 4) ** 4, rtol=1e-6)
+
+
+def test_normalisation_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.3, 0.8, (500, 54)).astype(np.float32)
+    a[:, 5] = 0.7  # a joint that never moves: std 0
+    stats = {"mean": a.mean(0, dtype=np.float64).tolist(), "std": a.std(0, dtype=np.float64).tolist()}
+    (tmp_path / "action_stats.json").write_text(json.dumps(stats))
+    norm = ActionNormalizer.from_file(tmp_path)
+    z = norm.normalize(a)
+    expect = (a.astype(np.float64) - a.mean(0, dtype=np.float64)) / np.maximum(a.std(0, dtype=np.float64), 1e-6)
+    np.testing.assert_allclose(z, expect, atol=1e-4)
+    np.testing.assert_allclose(norm.denormalize(z), a, atol=1e-5)
+    (tmp_path / "action_stats.json").write_text(json.dumps({"mean": [0.0] * 3}))
+    with pytest.raises(DataError, match="action_stats.json"):
+        ActionNormalizer.from_file(tmp_path)
+
+
+def _compressor_params(c: config_lib.CompressorConfig) -> int:
+    d, inner = c.dim, c.heads * c.head_dim
+    per_layer = (4 * d + 3 * d * inner + inner * d) + (2 * d + 3 * (d * d + d) + d * d + d) + (2 * d + 2 * c.ff_mult * d * d)
+    return (c.in_dim * c.hidden_dim + c.hidden_dim + c.hidden_dim * d + d + c.num_frames * d
+            + c.num_tokens * d + c.layers * per_layer + 2 * d)
+
+
+def _head_params(h: config_lib.HeadConfig, vision_dim: int) -> int:
+    d = h.dim
+    mlp = lambda i: i * 2 * d + 2 * d + 2 * d * d + d  # noqa: E731
+    attn = lambda out_bias: 2 * d + 3 * (d * d + d) + d * d + (d if out_bias else 0)  # noqa: E731
+    enc = attn(False) + 2 * d + 8 * d * d
+    dec = d * 6 * d + 6 * d + 2 * attn(False) + 8 * d * d
+    return (mlp(h.goal_dim) + vision_dim * d + d + mlp(h.proprio_dim) + h.encoder_layers * enc + 2 * d
+            + mlp(d) + h.action_dim * d + d + h.decoder_layers * dec + 2 * d + d * h.action_dim + h.action_dim)
+
+
+def test_spec_size_parameter_count():
+    """jax.eval_shape of the SPEC-size policy (nothing allocated) against the count written out
+    from SPEC_4D §4's dimensions: Flow Former 9216 → 768 → 384, 21 × 16 queries, 6 layers of
+    Perceiver (8 × 64) + temporal attention + FFN ×4; head 384-d, 4 + 4 layers, 32 goal tokens."""
+    cfg = config_lib.PolicyConfig.full("world4d")
+    c = cfg.compressor
+    assert (c.in_dim, c.hidden_dim, c.dim, c.num_tokens, c.layers) == (9216, 768, 384, 336, 6)
+    assert model.count_params(cfg) == _compressor_params(c) + _head_params(cfg.head, c.dim) == 47_525_814
+
+
+@pytest.fixture(scope="module")
+def closed_loop():
+    from rynn_jax.policy import rollout
+
+    untrained = inference.from_params(config_lib.PolicyConfig.tiny("cnn"), None,
+                                      ActionNormalizer(np.zeros(54, np.float32), np.full(54, 0.05, np.float32)))
+    scripted = rollout.run_trial(rollout.ScriptedActor(), "push_block", 100_000, resolution=(64, 112), time_limit_s=8.0)
+    policy = rollout.run_trial(rollout.PolicyActor(untrained, "untrained"), "push_block", 100_000,
+                               resolution=(64, 112), time_limit_s=1.25)
+    return scripted, policy
+
+
+def test_closed_loop_scripted_reference_succeeds(closed_loop):
+    from rynn_jax.sim.episode import goal_reached
+
+    r = closed_loop[0]
+    scene, d, robot = r["sim"]
+    assert r["success"] and goal_reached(scene, d)[0] and all(v is None for v in robot.attached.values())
+    assert r["frames"] % 10 == 0 and r["video"].shape == (r["frames"] + 1, 64, 112, 3)
+
+
+def test_closed_loop_policy_flag_is_the_sims_check(closed_loop):
+    from rynn_jax.sim.episode import goal_reached
+
+    r = closed_loop[1]
+    scene, d, robot = r["sim"]
+    ok = goal_reached(scene, d)[0] and all(v is None for v in robot.attached.values())
+    assert r["success"] == ok
+    assert r["frames"] == 20 and r["video"].shape == (21, 64, 112, 3)  # 1.25 s = 20 frames: two chunks
+    home = closed_loop[0]["sim"][2].q  # the scripted run's last joints differ from the untrained policy's
+    assert not np.allclose(robot.q, home)
+
+
+def test_policy_cli_rejects_bad_flags(capsys):
+    import serve
+
+    from rynn_jax import errors
+
+    assert errors.run(serve.main, ["policy", "--task", "juggle", "--scripted"]) == 2
+    assert "--task juggle" in capsys.readouterr().err
+    assert errors.run(serve.main, ["policy", "--task", "push_block"]) == 2  # neither --policy nor --scripted
+
+
+def test_policy_config_round_trips_and_checks():
+    cfg = config_lib.PolicyConfig.full("world4d_rgb")
+    assert config_lib.from_dict(json.loads(json.dumps(config_lib.to_dict(cfg)))) == cfg
+    with pytest.raises(ValueError, match="num_frames"):
+        config_lib.PolicyConfig(encoder="cnn")  # 21 frames for a one-frame encoder
+    assert math.prod(cfg.backbone.image_size) == 480 * 640
