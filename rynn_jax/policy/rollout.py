@@ -16,7 +16,6 @@ frame strip, `<out>/<method>/<task>/trials.jsonl`, and the success table `<out>/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time

@@ -186,11 +186,7 @@ def train(cfg: PolicyTrainConfig) -> list[float]:
              sum(x.size for x in jax.tree.leaves(state.params)))
     ckpt = checkpointing.Checkpointer(cfg.ckpt) if cfg.ckpt.dir else None
     if ckpt is not None:
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-        restored = ckpt.restore_latest(target, data_iter)
-        if restored is not None:
-            state = restored
-            log.info("resumed at step %d", int(state.step))
+        state = ckpt.resume(state, data_iter)
     train_step = jax.jit(make_step(cfg, graphdef, encoder, tx), donate_argnums=0)
     losses: list[float] = []
 

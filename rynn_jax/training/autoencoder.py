@@ -448,11 +448,7 @@ def train(cfg: AutoencoderTrainConfig) -> list[float]:
 
     ckpt = checkpointing.Checkpointer(cfg.ckpt) if cfg.ckpt.dir else None
     if ckpt is not None:
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-        restored = ckpt.restore_latest(target, data_iter)
-        if restored is not None:
-            state = restored
-            log.info("resumed at step %d", int(state.step))
+        state = ckpt.resume(state, data_iter)
 
     d = cfg.data
     batch_spec = {"video": jax.ShapeDtypeStruct((d.batch_size, d.num_frames, d.height, d.width, 3), jnp.uint8)}

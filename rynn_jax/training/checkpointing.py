@@ -74,6 +74,16 @@ class Checkpointer:
             raise CheckpointError(f"no readable checkpoint in {self.manager.directory}:\n  " + "\n  ".join(errors))
         return None
 
+    def resume(self, state: TrainState, data_iter: grain.DatasetIterator | None) -> TrainState:
+        """The newest readable step restored onto `state`'s shapes and shardings (logged), or
+        `state` itself when the directory has no step yet."""
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        restored = self.restore_latest(target, data_iter)
+        if restored is None:
+            return state
+        logging.info("resumed at step %d", int(restored.step))
+        return restored
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
