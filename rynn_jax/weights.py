@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 from safetensors import safe_open
 
 from rynn_jax.errors import InputError
@@ -191,7 +192,8 @@ def convert_state_dict(
         )
 
     out: dict[tuple[str, ...], Array] = {}
-    for path, rule in by_target.items():
+    # Reading is lazy (safetensors memory maps, the .pth's storages): this loop is the conversion's time.
+    for path, rule in tqdm(by_target.items(), desc="convert", unit="tensor", disable=len(by_target) < 64):
         want = expected[path]
         per_source = []
         for key in rule.sources:

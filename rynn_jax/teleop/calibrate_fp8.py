@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from rynn_jax import errors
 from rynn_jax.atomic import atomic_file
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     frames = CausalConfig().frames_per_block
     batches = list(calibration_batches(clips, dit.cfg, frames=frames, timesteps=timesteps, seed=a.seed))
     quantized = fp8.quantize_dit(dit)
-    static = fp8.calibrate(quantized, lambda m, b: m(*b), batches, margin=a.margin)
+    static = fp8.calibrate(quantized, lambda m, b: m(*b), tqdm(batches, desc="calibrate", unit="batch"),
+                           margin=a.margin)
 
     rel = fp8_distance(dit, quantized, static, batches[1])  # per-token vs static, on one calibration batch
 
@@ -197,7 +199,8 @@ def main_vae(argv: list[str] | None = None) -> dict:
     clips = read_clips(a.latents, a.clips)  # before the model: a bad shard fails fast
     vae = load_vae(a.vae)
     batches = list(vae_calibration_batches(clips, vae.cfg.z_dim, frames=a.frames, seed=a.seed))
-    scales = vae_fp8.calibrate(vae, vae_fp8.decode_clip, batches, margin=a.margin)
+    scales = vae_fp8.calibrate(vae, vae_fp8.decode_clip, tqdm(batches, desc="calibrate", unit="clip"),
+                               margin=a.margin)
 
     # How far the served decoder lands from the float one, on the first window (each decode jitted:
     # op by op, a full-size decoder would crawl).

@@ -373,6 +373,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
             bar.set_postfix_str("compiling the world model")
             session.compile((batch, height, width, 3), ctx_bsk.shape, keys_b)
             bar.set_postfix_str("")
+            bar.unpause()  # the rate and ETA count generation only, not the compile
             compiled = True
         video = timed("world_model", rollout, session, np.stack([p.image for p in padded]),
                       np.stack([p.skeleton for p in padded]), ctx_bsk, keys_b)
