@@ -165,6 +165,10 @@ def _torch_lpips():
         tv = types.ModuleType("torchvision")
         tv.models = types.SimpleNamespace(alexnet=alexnet)
         sys.modules["torchvision"], sys.modules["torchvision.models"] = tv, tv.models
+        try:
+            import lpips
+        finally:  # the stand-in serves lpips' import only (a spec-less module breaks later find_spec calls)
+            del sys.modules["torchvision"], sys.modules["torchvision.models"]
     import lpips
 
     model = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False).eval()
@@ -247,7 +251,8 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
             "--swap", "--seed", "3", "--no-fvd"]  # FVD in eval.py: the swap test below (I3D at full optimisation)
     s = _run(args)
     names = episodes.list_episodes(sim_root)
-    assert s["episodes"] == 2 and set(s["variants"]) == {"model", "model_swapped", "copy_first_frame", "shifted"}
+    assert s["episodes"] == 2 and set(s["variants"]) == {"model", "model_swapped", "autoencoder", "copy_first_frame",
+                                                         "shifted"}
     for f in ("metrics.json", "episodes.csv", "episodes.parquet", "psnr_over_time.png", "histograms.png", "grid.png",
               "report.md"):
         assert (out / f).stat().st_size > 0, f
