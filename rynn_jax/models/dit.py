@@ -130,7 +130,9 @@ def timestep_sinusoid(t: jax.Array, dim: int) -> jax.Array:
     return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
 
-def _attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
+def attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
+    """What `jax.nn.dot_product_attention` runs: cuDNN flash on a GPU backend in bf16/fp16 under
+    "auto", else XLA (also for TPU compiles from a CPU host: the backend here is CPU)."""
     if cfg.attention != "auto":
         return cfg.attention
     if jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16):
@@ -237,7 +239,7 @@ class WanAttention(nnx.Module):
         k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
         out_blnh = jax.nn.dot_product_attention(
             q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
-            implementation=_attention_impl(cfg, q_blnh.dtype))
+            implementation=attention_impl(cfg, q_blnh.dtype))
         return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
 
     def __call__(self, x_bld: jax.Array, ctx_bsd: jax.Array | None = None,
