@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--sessions", type=int, default=1, help="serve: sessions per replica")
     p.add_argument("--serve-mesh", default="tensor=1", help="serve: one replica's mesh (its chips)")
     p.add_argument("--out", default="", help="write the rows as JSON here")
+    p.add_argument("--dump-hlo", default="", metavar="DIR", help="write each point's optimized HLO text here")
     a = p.parse_args(argv)
 
     path, _, arg = a.config.partition(":")
@@ -70,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                 f"{'distillation' if distill else 'training'} recipe")
     t, h, w = cfg.data.synthetic_shape if cfg.data.kind == "synthetic" else programs.CLIP_THW
     h, w = a.hw or (h, w)
-    plan = report.Plan(batch=a.batch, thw=(a.frames or t, h, w), sessions=a.sessions, serve_mesh=a.serve_mesh)
+    plan = report.Plan(batch=a.batch, thw=(a.frames or t, h, w), sessions=a.sessions, serve_mesh=a.serve_mesh,
+                       hlo_dir=a.dump_hlo)
+    if a.dump_hlo:
+        os.makedirs(a.dump_hlo, exist_ok=True)
 
     print(f"{a.config}: latent clip {plan.thw}, {'one clip per data×fsdp rank' if not a.batch else f'batch {a.batch}'}"
           f"; GiB = 2^30 bytes per chip, GB = 1e9; collectives: executions × result bytes per step\n")

@@ -2,7 +2,8 @@
 
 Per chip: argument / output / temp bytes (`compiled.memory_analysis()`), whether it fits (the TPU
 compiler refuses a program that does not fit HBM with RESOURCE_EXHAUSTED, whose figure we keep),
-FLOPs (`compiled.cost_analysis()`), and the collectives in the optimized HLO by kind: how many
+FLOPs (XLA's `cost_analysis()`, which counts a loop body once: model FLOPs come from
+programs.py where there is a closed form), and the collectives in the optimized HLO by kind: how many
 instructions, and how many times and bytes they run per step (a collective inside a `while` body —
 the scan over the DiT blocks — counts once per trip, from XLA's `known_trip_count`).
 """
@@ -13,8 +14,6 @@ import collections
 import math
 import re
 import time
-
-import jax
 
 from rynn_jax import sharding
 from rynn_jax.aot.programs import Program, bytes_per_chip
@@ -29,7 +28,7 @@ _CALLS = re.compile(r"\b(?:body|to_apply|calls|branch_computations|true_computat
                     r"(\{[^}]*\}|%?[\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _COND = re.compile(r"\bcondition=%?([\w.\-]+)")
-_CONST = re.compile(r"^\s*%?([\w.\-]+) = s32\[\]\S* constant\((\d+)\)")
+_CONST = re.compile(r"^\s*%?([\w.\-]+) = [su](?:32|64)\[\]\S* constant\((\d+)\)")
 
 
 def _trip_count(rest: str, comps: dict) -> int:
@@ -55,8 +54,8 @@ def _shape_bytes(shape_text: str) -> int:
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     """{kind: {"ops": instructions in the HLO, "runs": executions per step, "bytes": result bytes
-    moved per step}}. Async pairs count once (the -start; a -start's result tuple repeats its
-    operand, so its bytes are the last array of the tuple)."""
+    per step}}. Async pairs count once, at the -start (whose result tuple is operand, result and
+    sync flags: its bytes are the result's)."""
     comps: dict[str, list[tuple[str, str, str]]] = {}
     raw: dict[str, list[str]] = {}
     entry, current = None, None
@@ -92,8 +91,9 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
             if kind not in COLLECTIVES or op.endswith("-done"):
                 continue
             arrays = _ARRAY.findall(shape)
-            nbytes = _shape_bytes(shape) if not op.endswith("-start") else _shape_bytes(
-                "{}[{}]".format(*arrays[-1])) if arrays else 0
+            if op.endswith("-start") and len(arrays) >= 2:  # (operand, result, [u32 sync flags]) → result
+                arrays = arrays[1:2]
+            nbytes = sum(_shape_bytes("{}[{}]".format(*a)) for a in arrays)
             row = out.setdefault(kind, {"ops": 0, "runs": 0, "bytes": 0})
             row["ops"] += 1
             row["runs"] += runs.get(name, 0)
@@ -109,9 +109,10 @@ def _oom_figure(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
-def compile_program(p: Program, hbm_bytes: float) -> dict:
+def compile_program(p: Program, hbm_bytes: float, hlo_path: str = "") -> dict:
     """A row: status 'fits', 'does not fit' (compiler's RESOURCE_EXHAUSTED, or arguments + temps +
-    `resident_bytes` over `hbm_bytes`) or 'error', with the compiler's figures."""
+    `resident_bytes` over `hbm_bytes`) or 'error', with the compiler's figures; `hlo_path`: write
+    the optimized HLO there."""
     row: dict = {"program": p.name, "mesh": dict(p.mesh.shape), "chips": p.mesh.size, **p.info,
                  "argument_bytes_computed": bytes_per_chip(p.args), "resident_bytes": p.resident_bytes}
     t0 = time.perf_counter()
@@ -135,8 +136,12 @@ def compile_program(p: Program, hbm_bytes: float) -> dict:
     row["memory"] = mem
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
-    row["flops"] = float(cost.get("flops", 0.0))
-    row["collectives"] = collectives(compiled.as_text())
+    row["xla_flops"] = float(cost.get("flops", 0.0))  # XLA's cost analysis: each loop body counted once
+    hlo = compiled.as_text()
+    row["collectives"] = collectives(hlo)
+    if hlo_path:
+        with open(hlo_path, "w") as f:
+            f.write(hlo)
     over = mem["total"] > hbm_bytes
     row["status"] = "does not fit" if over else "fits"
     if over:

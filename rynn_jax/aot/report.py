@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
+import re
 from collections.abc import Callable, Sequence
 
 import jax
@@ -20,6 +22,7 @@ class Plan:
     thw: tuple[int, int, int] = programs.CLIP_THW  # latent clip (frames, h, w)
     sessions: int = 1  # serve: sessions per replica
     serve_mesh: str = "tensor=1"  # serve: one replica's mesh, on the slice's first chips
+    hlo_dir: str = ""  # write each point's optimized HLO here
 
 
 def _programs(cfg, name: str, mesh, plan: Plan) -> list[programs.Program]:
@@ -74,12 +77,17 @@ def sweep(cfg, slices: Sequence[topology.Slice], meshes: Sequence[str], names: S
                     rows.append(row)
                     on_row(row)
                 for p in progs:
-                    row = {**head, **analysis.compile_program(p, hbm)}
+                    hlo = os.path.join(plan.hlo_dir, _slug(tpu.name, spec, p.name) + ".hlo.txt") if plan.hlo_dir else ""
+                    row = {**head, **analysis.compile_program(p, hbm, hlo)}
                     rows.append(row)
                     on_row(row)
                 jax.clear_caches()
                 gc.collect()
     return rows
+
+
+def _slug(*parts: str) -> str:
+    return "_".join(re.sub(r"[^\w.=-]+", "-", x) for x in parts)
 
 
 def smallest_fits(rows: list[dict]) -> list[dict]:
@@ -107,8 +115,8 @@ def _gib(x) -> str:
 
 
 HEADER = ("| topology | program | mesh | batch | status | arguments | outputs | temps | total | HBM GiB "
-          "| TFLOP | all-gather | reduce-scatter | all-reduce | other coll. | compile s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| model TFLOP/chip | all-gather | reduce-scatter | all-reduce | coll.-permute | all-to-all | compile s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _coll(row: dict, kinds: Sequence[str]) -> str:
@@ -126,7 +134,8 @@ def format_row(r: dict) -> str:
     status = r["status"] + (f" ({r['reason']})" if r["status"] != "fits" and "reason" in r else "")
     cells = [r["topology"], r["program"], mesh or "1 chip", str(r.get("batch", r.get("sessions", "–"))), status,
              _gib(mem.get("argument")), _gib(mem.get("output")), _gib(mem.get("temp")), _gib(mem.get("total")),
-             f"{r['hbm_gib']:g}", f"{r['flops'] / 1e12:.3g}" if "flops" in r else "–",
+             f"{r['hbm_gib']:g}", f"{r['model_flops'] / r['chips'] / 1e12:.3g}" if "model_flops" in r else "–",
              _coll(r, ["all-gather"]), _coll(r, ["reduce-scatter"]), _coll(r, ["all-reduce"]),
-             _coll(r, ["all-to-all", "collective-permute"]), f"{r['compile_s']:.1f}" if "compile_s" in r else "–"]
+             _coll(r, ["collective-permute"]), _coll(r, ["all-to-all"]),
+             f"{r['compile_s']:.1f}" if "compile_s" in r else "–"]
     return "| " + " | ".join(cells) + " |"
