@@ -8,3 +8,10 @@ programs.py  the steps train.py / distill.py / the server run, with their real s
              abstract (shape + sharding) arguments
 analysis.py  compile one program: per-chip memory, fits or not, FLOPs, collectives, compile time
 """
+
+
+def main(argv=None):
+    """The command line (`python -m rynn_jax.aot`, rynn_jax/aot/__main__.py)."""
+    from rynn_jax.aot.__main__ import main as cli
+
+    return cli(argv)

@@ -79,15 +79,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     print(f"{a.config}: latent clip {plan.thw}, {'one clip per data×fsdp rank' if not a.batch else f'batch {a.batch}'}"
           f"; GiB = 2^30 bytes per chip, GB = 1e9; collectives: executions × result bytes per step\n")
     print(report.HEADER, flush=True)
-    rows = report.sweep(cfg, slices, meshes, names, plan, on_row=lambda r: print(report.format_row(r), flush=True))
-    best = report.smallest_fits(rows)
+    done: list[dict] = []
+
+    def on_row(row: dict) -> None:  # printed and saved as it comes: a killed sweep keeps its rows
+        done.append(row)
+        print(report.format_row(row), flush=True)
+        if a.out:
+            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"argv": list(sys.argv[1:] if argv is None else argv), "rows": done}, f, indent=1)
+
+    rows = report.sweep(cfg, slices, meshes, names, plan, on_row=on_row)
     print("\nSmallest slice that fits, and its least-traffic mesh:")
-    for r in best:
+    for r in report.smallest_fits(rows):
         print(report.format_row(r))
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump({"argv": list(sys.argv[1:] if argv is None else argv), "rows": rows}, f, indent=1)
         print(f"→ {a.out}")
     return rows
 

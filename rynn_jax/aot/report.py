@@ -71,9 +71,10 @@ def sweep(cfg, slices: Sequence[topology.Slice], meshes: Sequence[str], names: S
                         "hbm_gib": tpu.spec.hbm_gib, "mesh_spec": spec}
                 try:
                     progs = _programs(cfg, name, _mesh(tpu, spec, cfg, name == "serve"), plan)
-                except ValueError as exc:
+                except Exception as exc:  # noqa: BLE001 — a point that cannot be built is a row
                     progs = []
-                    row = {**head, "program": name, "status": "skipped", "reason": str(exc)}
+                    status = "skipped" if isinstance(exc, ValueError) else "error"
+                    row = {**head, "program": name, "status": status, "reason": f"{type(exc).__name__}: {exc}"[:600]}
                     rows.append(row)
                     on_row(row)
                 for p in progs:

@@ -97,11 +97,17 @@ def devices(s: Slice) -> list:
 def make_mesh(s: Slice, mesh_cfg: sharding.MeshConfig) -> Mesh:
     """The run's (data, fsdp, tensor, context) mesh on the slice. With several slices the `data`
     axis spans them (DCN: gradient all-reduce only, once per step); every other axis stays inside
-    a slice, on its ICI links."""
+    a slice, on its ICI links. A mesh axis that does not factor the torus axes (tensor=2 on a 4×4
+    slice) splits a physical axis, as `allow_split_physical_axes` permits: its ring is not a torus
+    ring, which the compiled collectives then reflect."""
     devs = devices(s)
     shape = sharding.mesh_shape(mesh_cfg, len(devs))
     if s.slices == 1:
-        return sharding.make_mesh(mesh_cfg, devs)
+        try:
+            return sharding.make_mesh(mesh_cfg, devs)
+        except NotImplementedError:  # a mesh axis that is no product of whole torus axes (2 on 4×4)
+            grid = mesh_utils.create_device_mesh(shape, devs, allow_split_physical_axes=True)
+            return Mesh(grid, sharding.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape))
     data = shape[0]
     if data % s.slices:
         raise ValueError(f"--slices {s.slices}: mesh data={data} must be a multiple of the slice count "
