@@ -1,11 +1,13 @@
 """Compile one program for its TPU mesh and read what the compiler says about it.
 
-Per chip: argument / output / temp bytes (`compiled.memory_analysis()`), whether it fits (the TPU
-compiler refuses a program that does not fit HBM with RESOURCE_EXHAUSTED, whose figure we keep),
-FLOPs (XLA's `cost_analysis()`, which counts a loop body once: model FLOPs come from
-programs.py where there is a closed form), and the collectives in the optimized HLO by kind: how many
-instructions, and how many times and bytes they run per step (a collective inside a `while` body —
-the scan over the DiT blocks — counts once per trip, from XLA's `known_trip_count`).
+Per chip: argument / output / temp bytes (`compiled.memory_analysis()`); whether it fits — the TPU
+compiler refuses a program whose temporaries do not fit with RESOURCE_EXHAUSTED (we keep its
+figure), and we also call "does not fit" a compiled program whose arguments + outputs − aliased +
+temps (+ anything else resident) exceed the chip's HBM; FLOPs (XLA's `cost_analysis()`, which
+counts a loop body once: model FLOPs come from programs.py where there is a closed form); and the
+collectives in the optimized HLO by kind: how many instructions, and how many times and bytes they
+run per step (a collective inside a `while` body — the scan over the DiT blocks, a windowed
+collective matmul — counts once per trip of the loop).
 """
 
 from __future__ import annotations
@@ -145,5 +147,6 @@ def compile_program(p: Program, hbm_bytes: float, hlo_path: str = "") -> dict:
     over = mem["total"] > hbm_bytes
     row["status"] = "does not fit" if over else "fits"
     if over:
-        row["reason"] = f"needs {mem['total'] / 2**30:.2f} GiB per chip > {hbm_bytes / 2**30:.2f} GiB HBM"
+        row["reason"] = (f"compiled, but arguments + outputs + temps{' + resident' if p.resident_bytes else ''} = "
+                         f"{mem['total'] / 2**30:.2f} GiB per chip > {hbm_bytes / 2**30:.0f} GiB HBM")
     return row

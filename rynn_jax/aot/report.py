@@ -93,13 +93,15 @@ def _slug(*parts: str) -> str:
 
 def smallest_fits(rows: list[dict]) -> list[dict]:
     """Per (program, generation): the fewest chips on which some mesh fits, and there the fitting
-    mesh with the least collective traffic per step (ties: least memory per chip)."""
+    mesh with the least collective traffic per chip per clip of the global batch (meshes with a
+    tensor or context axis train fewer clips per step; ties: least memory per chip)."""
     best: dict[tuple[str, str], dict] = {}
     for r in rows:
         if r["status"] != "fits":
             continue
         key = (r["program"], r["generation"])
-        rank = (r["slice_chips"], traffic(r), r["memory"]["total"])
+        clips = r.get("batch", r.get("sessions", 1))
+        rank = (r["slice_chips"], traffic(r) / clips, r["memory"]["total"])
         if key not in best or rank < best[key]["rank"]:
             best[key] = {"rank": rank, "row": r}
     return [v["row"] for _, v in sorted(best.items())]
