@@ -27,13 +27,12 @@ class Generation:
     chip_config: str  # "megacore": the chip's two TensorCores are one device
     dims: int  # 2-D (v5e, v6e) or 3-D (v5p) torus
     hbm_gib: float  # per chip, datasheet
-    peak_tflops: float  # bf16 dense per chip, datasheet
 
 
 GENERATIONS: dict[str, Generation] = {
-    "v5e": Generation("v5e", "default", 2, 16.0, 197.0),
-    "v6e": Generation("v6e", "default", 2, 32.0, 918.0),
-    "v5p": Generation("v5", "megacore", 3, 95.0, 459.0),
+    "v5e": Generation("v5e", "default", 2, 16.0),
+    "v6e": Generation("v6e", "default", 2, 32.0),
+    "v5p": Generation("v5", "megacore", 3, 95.0),
 }
 
 
