@@ -46,5 +46,9 @@ fi
 if [ "$requirements" = requirements-test.txt ]; then
   # The PyTorch LPIPS reference, without torchvision (requirements-test.txt says why).
   "${PYTHON:-python3}" -m pip install -q --no-deps lpips==0.1.4
+  # libtpu, the TPU compiler for the ahead-of-time TPU compile tests (tests/test_aot.py, python -m
+  # rynn_jax.aot): the wheel jax pins for its own version (~213 MB, a few seconds from the cache).
+  jax_version=$("${PYTHON:-python3}" -c 'import jax; print(jax.__version__)')
+  "${PYTHON:-python3}" -m pip install -q "jax[tpu]==${jax_version}"
 fi
 echo "setup.sh: done (${requirements})"

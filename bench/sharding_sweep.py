@@ -86,14 +86,10 @@ def rule_variants() -> dict[str, tuple]:
 
 def parse_mesh(spec: str) -> tuple[dict[str, int], str]:
     """'fsdp=4,tensor=2@zero_context' → ({data:1, fsdp:4, tensor:2, context:1}, 'zero_context')."""
+    from rynn_jax.sharding import parse_mesh_sizes
+
     body, _, rules = spec.partition("@")
-    sizes = dict.fromkeys(AXES, 1)
-    for item in filter(None, body.split(",")):
-        axis, sep, size = item.partition("=")
-        if not sep or axis.strip() not in sizes:
-            raise ValueError(f"mesh {spec!r}: {item!r} is not axis=size with axis in {AXES}")
-        sizes[axis.strip()] = int(size)
-    return sizes, rules or "default"
+    return parse_mesh_sizes(body), rules or "default"
 
 
 def load_cfg(args: argparse.Namespace, sizes: dict[str, int], rules_name: str):

@@ -1,5 +1,6 @@
 """Compiled executables of the causal step: AOT compile for fixed shapes, and `jax.export` files
-that a server loads and runs without the model's Python code.
+that a server loads and runs without the model's Python code — one artifact lowered for CPU, CUDA
+and TPU (`PORTABLE_PLATFORMS`), so the same files serve on any of them.
 
 An export directory holds
     step.jaxexport   the serialized StableHLO of step(param_leaves, state, control, rng_key_data)
@@ -15,6 +16,7 @@ sessions is part of the shapes: one executable serves B sessions in lock step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Callable, Sequence
@@ -75,12 +77,33 @@ def _spec(x: Any) -> dict:
     return {"shape": list(x.shape), "dtype": str(x.dtype)}
 
 
-def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch: int,
-                       latent_hw: tuple[int, int], platforms: Sequence[str] | None = None,
-                       state_shardings: Any = None, unroll_layers: bool = True) -> pathlib.Path:
-    """Export start + step of the causal student for `batch` sessions at `latent_hw` (h, w), with
-    the layers unrolled unless `unroll_layers=False` (see `dit.unrolled`)."""
+PORTABLE_PLATFORMS = ("cpu", "cuda", "tpu")  # one serialized artifact for all three
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalStepSignature:
+    """The exported calling convention of the causal student, for `batch` sessions at `latent_hw`:
+    `start(param_leaves, ref, ctx) -> state`, `step(param_leaves, state, control, rng) -> (x, state)`;
+    the inputs as ShapeDtypeStructs (`leaves` may be arrays or ShapeDtypeStructs), and each leaf's
+    logical PartitionSpec (for a sharded compile, rynn_jax.aot)."""
+    start: Callable
+    step: Callable
+    leaves: list
+    leaf_specs: list[jax.ShapeDtypeStruct]
+    leaf_logical: list
+    ref: jax.ShapeDtypeStruct
+    ctx: jax.ShapeDtypeStruct
+    control: jax.ShapeDtypeStruct
+    rng: jax.ShapeDtypeStruct
+    state: Any  # the state's ShapeDtypeStructs (what start returns)
+
+
+def causal_step_signature(model, ccfg, scfg, *, batch: int, latent_hw: tuple[int, int],
+                          unroll_layers: bool = True) -> CausalStepSignature:
+    """start/step of the causal student as `export_causal_step` writes them (layers unrolled unless
+    `unroll_layers=False`, see `dit.unrolled`); `model` may be abstract (`nnx.eval_shape`)."""
     from flax import nnx
+    from jax.sharding import PartitionSpec
 
     from rynn_jax.models.dit import unrolled
     from rynn_jax.teleop import streaming
@@ -88,12 +111,11 @@ def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch:
     if scfg.merge_clean_pass:  # its steps take the previous block as extra inputs: not this calling convention
         raise ValueError("export_causal_step exports the sequential step; StepConfig.merge_clean_pass is "
                          "StreamingSession-only")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     graphdef, params = nnx.split(unrolled(model) if unroll_layers else model)
     start, leaves = _flat(streaming.make_start(graphdef, ccfg), params)
     step, _ = _flat(streaming.make_step(graphdef, ccfg, scfg), params)
+    logical = jax.tree.leaves(nnx.get_partition_spec(params), is_leaf=lambda x: isinstance(x, PartitionSpec))
     leaf_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     ref = jax.ShapeDtypeStruct((batch, 1, *latent_hw, cfg.in_channels), jnp.float32)
     ctx = jax.ShapeDtypeStruct((batch, cfg.text_len, cfg.text_dim), jnp.float32)
@@ -101,19 +123,39 @@ def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch:
     control = jax.ShapeDtypeStruct((batch, ccfg.frames_per_block, *latent_hw, c_channels), jnp.float32)
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)  # raw threefry key data
     state = jax.eval_shape(start, leaf_specs, ref, ctx)
+    return CausalStepSignature(start, step, leaves, leaf_specs, logical, ref, ctx, control, rng, state)
 
-    kw = {} if platforms is None else {"platforms": tuple(platforms)}
-    step_jit = jax.jit(step, donate_argnums=1,
+
+def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch: int,
+                       latent_hw: tuple[int, int], platforms: Sequence[str] | None = PORTABLE_PLATFORMS,
+                       state_shardings: Any = None, unroll_layers: bool = True) -> pathlib.Path:
+    """Export start + step of the causal student for `batch` sessions at `latent_hw` (h, w), lowered
+    for every platform in `platforms` (default CPU, CUDA and TPU in one artifact; None: this
+    machine's backend only). XLA attention only: cuDNN's lowers for CUDA alone."""
+    from rynn_jax.models.dit import attention_impl
+
+    platforms = None if platforms is None else tuple(platforms)
+    impl = attention_impl(model.cfg, jnp.dtype(model.cfg.dtype))
+    if platforms not in (None, ("cuda",)) and impl == "cudnn":
+        raise ValueError(f"export for {platforms}: the model's attention resolves to cuDNN, which lowers for "
+                         "CUDA only; set model.attention='xla' (or platforms=('cuda',))")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sig = causal_step_signature(model, ccfg, scfg, batch=batch, latent_hw=latent_hw, unroll_layers=unroll_layers)
+    kw = {} if platforms is None else {"platforms": platforms}
+    step_jit = jax.jit(sig.step, donate_argnums=1,
                        **({} if state_shardings is None else {"in_shardings": (None, state_shardings, None, None)}))
-    exp_step = jax.export.export(step_jit, **kw)(leaf_specs, state, control, rng)
-    exp_start = jax.export.export(jax.jit(start), **kw)(leaf_specs, ref, ctx)
+    exp_step = jax.export.export(step_jit, **kw)(sig.leaf_specs, sig.state, sig.control, sig.rng)
+    exp_start = jax.export.export(jax.jit(sig.start), **kw)(sig.leaf_specs, sig.ref, sig.ctx)
     (out / "step.jaxexport").write_bytes(exp_step.serialize())
     (out / "start.jaxexport").write_bytes(exp_start.serialize())
-    _save_leaves(out / "params.npz", leaves)
+    _save_leaves(out / "params.npz", sig.leaves)
     meta = {"batch": batch, "latent_hw": list(latent_hw), "frames_per_block": ccfg.frames_per_block,
             "window_frames": ccfg.window_frames, "policy": ccfg.policy, "num_steps": scfg.num_steps,
-            "solver": scfg.solver, "shift": scfg.shift, "num_params": len(leaves),
-            "inputs": {"ref_latent": _spec(ref), "ctx": _spec(ctx), "control": _spec(control), "rng": _spec(rng)}}
+            "solver": scfg.solver, "shift": scfg.shift, "num_params": len(sig.leaves),
+            "platforms": list(exp_step.platforms),
+            "inputs": {"ref_latent": _spec(sig.ref), "ctx": _spec(sig.ctx), "control": _spec(sig.control),
+                       "rng": _spec(sig.rng)}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return out
 

@@ -88,6 +88,18 @@ def mesh_shape(cfg: MeshConfig, num_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def parse_mesh_sizes(spec: str) -> dict[str, int]:
+    """'fsdp=4,tensor=2' → {data: 1, fsdp: 4, tensor: 2, context: 1} (axes not named are 1; one
+    size may be -1 = the remaining devices). A ValueError names the bad item."""
+    sizes = dict.fromkeys(MESH_AXES, 1)
+    for item in filter(None, spec.split(",")):
+        axis, sep, size = item.partition("=")
+        if not sep or axis.strip() not in sizes or not size.strip().lstrip("-").isdigit():
+            raise ValueError(f"mesh {spec!r}: {item!r} is not axis=size with axis in {MESH_AXES}")
+        sizes[axis.strip()] = int(size)
+    return sizes
+
+
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The one mesh of a run: axes (data, fsdp, tensor, context), Auto axis types so the logical
     rules (not explicit-sharding types) decide layouts."""

@@ -1,8 +1,9 @@
-"""Exported causal step: AOT compile with memory analysis; export → load in a fresh process (no
-model code) → the same bits as the jitted function."""
+"""Exported causal step: AOT compile with memory analysis; export (lowered for CPU, CUDA and TPU in
+one artifact) → load in a fresh process (no model code) → the same bits as the jitted function."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,8 @@ def test_export_roundtrip_in_fresh_process(tmp_path):
     model = init_dit(CFG, seed=0)
     nnx.update(model, jax.tree.map(lambda a: a + 0.05, nnx.state(model, nnx.Param)))  # control on
     export.export_causal_step(model, CCFG, SCFG, tmp_path / "exp", batch=B, latent_hw=HW)
+    # one artifact for CPU, CUDA and TPU (the default); run here on CPU
+    assert json.loads((tmp_path / "exp" / "meta.json").read_text())["platforms"] == ["cpu", "cuda", "tpu"]
     ref, ctx, controls, keys = _inputs()
     np.savez(tmp_path / "inputs.npz", ref=ref, ctx=ctx, controls=controls, keys=keys)
 
@@ -89,4 +92,15 @@ def test_export_refuses_the_merged_clean_pass(tmp_path):
     with pytest.raises(ValueError, match="StreamingSession-only"):
         export.export_causal_step(init_dit(CFG, 0), CCFG, streaming.StepConfig(merge_clean_pass=True), tmp_path,
                                   batch=B, latent_hw=HW)
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_portable_export_refuses_cudnn_attention(tmp_path):
+    import dataclasses
+
+    import pytest
+
+    model = init_dit(dataclasses.replace(CFG, attention="cudnn"), 0)
+    with pytest.raises(ValueError, match="lowers for CUDA only"):
+        export.export_causal_step(model, CCFG, SCFG, tmp_path, batch=B, latent_hw=HW)
     assert not any(tmp_path.iterdir())  # nothing half-written

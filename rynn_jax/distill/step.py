@@ -151,29 +151,37 @@ def _batch_shardings(mesh: Mesh, keys) -> dict[str, NamedSharding]:
     return {k: NamedSharding(mesh, PartitionSpec(axes)) for k in keys}
 
 
-def jit_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Mesh, shardings, batch_keys
-                ) -> Callable[[int, DistillState, nnx.State, Batch], tuple[DistillState, Metrics]]:
-    """update(step, state, teacher, batch): the phase's compiled update(s), state donated."""
+def jitted_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Mesh, shardings, batch_keys
+                   ) -> dict[str, Callable]:
+    """The phase's `jax.jit`s, not yet traced (trace or `.lower` them inside `sharding.axis_rules`):
+    {"warmup": (state, batch)} or {"generator": (state, teacher, batch), "critic": (state, batch)};
+    shardings explicit, the state donated. rynn_jax.aot compiles them ahead of time this way."""
     t_sh, s_sh = shardings
     b_sh = _batch_shardings(mesh, batch_keys)
     out = (s_sh, NamedSharding(mesh, PartitionSpec()))
     if cfg.phase == "warmup":
-        warm = jax.jit(make_warmup_update(cfg, graphdef, tx_s), in_shardings=(s_sh, b_sh), out_shardings=out,
-                       donate_argnums=(0,))
-    else:  # two programs, not one per iteration kind: the critic update compiles once
-        gen = jax.jit(make_generator_update(cfg, graphdef, tx_s), in_shardings=(s_sh, t_sh, b_sh),
-                      out_shardings=out, donate_argnums=(0,))
-        crit = jax.jit(make_critic_update(cfg, graphdef, tx_c), in_shardings=(s_sh, b_sh), out_shardings=out,
-                       donate_argnums=(0,))
+        return {"warmup": jax.jit(make_warmup_update(cfg, graphdef, tx_s), in_shardings=(s_sh, b_sh),
+                                  out_shardings=out, donate_argnums=(0,))}
+    # two programs, not one per iteration kind: the critic update compiles once
+    return {"generator": jax.jit(make_generator_update(cfg, graphdef, tx_s), in_shardings=(s_sh, t_sh, b_sh),
+                                 out_shardings=out, donate_argnums=(0,)),
+            "critic": jax.jit(make_critic_update(cfg, graphdef, tx_c), in_shardings=(s_sh, b_sh),
+                              out_shardings=out, donate_argnums=(0,))}
+
+
+def jit_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Mesh, shardings, batch_keys
+                ) -> Callable[[int, DistillState, nnx.State, Batch], tuple[DistillState, Metrics]]:
+    """update(step, state, teacher, batch): the phase's compiled update(s), state donated."""
+    fns = jitted_updates(cfg, graphdef, tx_s, tx_c, mesh, shardings, batch_keys)
 
     def run(step: int, state: DistillState, teacher: nnx.State, batch: Batch):
         with sharding.axis_rules(mesh, cfg.mesh.rules):
             if cfg.phase == "warmup":
-                return warm(state, batch)
+                return fns["warmup"](state, batch)
             metrics = {}
             if trains_generator(cfg, step):
-                state, metrics = gen(state, teacher, batch)
-            state, m = crit(state, batch)
+                state, metrics = fns["generator"](state, teacher, batch)
+            state, m = fns["critic"](state, batch)
             if metrics:  # a non-finite generator step fails the iteration too
                 gen_finite = metrics.pop("gen_finite")
                 m = {**metrics, **m, "finite": m["finite"] * gen_finite}

@@ -130,7 +130,9 @@ def timestep_sinusoid(t: jax.Array, dim: int) -> jax.Array:
     return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
 
-def _attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
+def attention_impl(cfg: WanDiTConfig, dtype: jnp.dtype) -> str | None:
+    """What `jax.nn.dot_product_attention` runs: cuDNN flash on a GPU backend in bf16/fp16 under
+    "auto", else XLA (also for TPU compiles from a CPU host: the backend here is CPU)."""
     if cfg.attention != "auto":
         return cfg.attention
     if jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16):
@@ -170,7 +172,7 @@ def frames_to_tokens(a_bfd: jax.Array, tokens_per_frame: int, pad: int) -> jax.A
 
 def attention(cfg: WanDiTConfig, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: jax.Array, *,
               mask_bnls: jax.Array | None = None, kv_len_b: jax.Array | None = None) -> jax.Array:
-    """Scaled dot-product attention of head-split q, k, v (cuDNN flash where `_attention_impl`
+    """Scaled dot-product attention of head-split q, k, v (cuDNN flash where `attention_impl`
     picks it), heads merged: (B, L, D)."""
     q_blnh = constrain(q_blnh, ("act_batch", "act_len", "act_heads", None))
     # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
@@ -178,7 +180,7 @@ def attention(cfg: WanDiTConfig, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: j
     k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
     out_blnh = jax.nn.dot_product_attention(
         q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
-        implementation=_attention_impl(cfg, q_blnh.dtype))
+        implementation=attention_impl(cfg, q_blnh.dtype))
     return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
 
 
