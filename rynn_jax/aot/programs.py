@@ -79,7 +79,7 @@ def train(cfg, mesh: Mesh, batch: int, thw: tuple[int, int, int]) -> list[Progra
 
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
     abs_state, shardings = state_lib.state_shardings(cfg, tx, mesh)
-    graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg.lora)[0]
+    graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg)[0]
     data = clip_batch(cfg.model, batch, thw, mesh)
     jitted = step_lib.jitted_step(cfg, graphdef, tx, mesh, shardings, data)
     return [Program("train", jitted, (abstract(abs_state, shardings), data), mesh, cfg.mesh.rules,
