@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
-# of: heldout data autoencoder preencode teacher export), DATA_SECONDS (data generation runs in the
-# background until then), DATA_WORKERS, AE_START_EPISODES (the autoencoder starts once this many
-# training episodes exist), AE_SECONDS / TEACHER_SECONDS (then SIGINT: save and stop), AE_INIT /
-# TEACHER_INIT (exported weights to continue from), PREENCODE_WORKERS.
+# of: heldout data autoencoder preencode teacher export distill_a distill_b distill_export),
+# DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
+# (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
+# DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
+# (exported weights to continue from), STUDENT_INIT (an exported student phase B continues from;
+# phase A is skipped), PREENCODE_WORKERS. Distillation reads weights/synthetic/teacher (committed or
+# carried) and the latents preencode writes: a distillation lease is
+# STAGES="data preencode distill_a distill_b distill_export".
 set -u
 REPO=$(pwd); S=$REPO/scripts/synthetic_world_model.sh
 export WORKDIR=${WORKDIR:-/tmp/work} PYTHONPATH=$REPO:${PYTHONPATH:-}
@@ -13,7 +17,7 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[t=$(el)s $(date +%H:%M:%S)] $*"; }
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 count() { ls -d data/synthetic/train/*/episode_?????? 2>/dev/null | wc -l; }
-for w in autoencoder teacher; do  # weights committed to the repository (e.g. the autoencoder a teacher lease trains on)
+for w in autoencoder teacher student; do  # weights committed to the repository (e.g. the autoencoder a teacher lease trains on)
   [ -e "weights/synthetic/$w" ] || [ ! -d "$REPO/weights/synthetic/$w" ] || { mkdir -p weights/synthetic; cp -r "$REPO/weights/synthetic/$w" weights/synthetic/; }
 done
 log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -54,4 +58,7 @@ if has teacher; then
   log "teacher rc=$?"
 fi
 has export && { $S export > out/export.log 2>&1; log "export rc=$?"; }
+has distill_a && { DISTILL_A_SECONDS=${DISTILL_A_SECONDS:-480} $S distill_a > out/distill_a.log 2>&1; log "distill A rc=$?"; }
+has distill_b && { DISTILL_B_SECONDS=${DISTILL_B_SECONDS:-600} $S distill_b > out/distill_b.log 2>&1; log "distill B rc=$?"; }
+has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "distill export rc=$?"; }
 log ALLDONE
