@@ -189,3 +189,21 @@ def test_export_errors_are_one_line(tmp_path):
     cfg = _tiny("dmd", tmp_path)
     with pytest.raises(UserError, match="ckpt.dir"):
         export_lib.export_student(cfg, str(tmp_path / "out"))
+
+
+def test_demos_default_to_the_bundled_student(recipe, tmp_path, monkeypatch):
+    """`serve.py demo --world sim` and the bundled-sample demo, given no weights, stream the bundled
+    student at its training size; the sim summary's PSNR is scikit-image's on the written frames."""
+    from skimage.metrics import peak_signal_noise_ratio
+
+    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(recipe["weights"]))
+    s = demo.run_sim(tmp_path / "sim", task="push_block", num_frames=21, episode_frames=21)
+    assert s["weights"] == "bundled student" and s["resolution"] == [32, 64] and s["frames"] == 21
+    with np.load(tmp_path / "sim" / "episode.npz") as z:
+        video, truth = z["frames"], z["ground_truth"]
+    for key, pred in (("psnr_vs_truth_db", video), ("copy_first_frame_psnr_db", np.repeat(truth[:1], len(truth), 0))):
+        oracle = np.mean([peak_signal_noise_ratio(truth[i], pred[i], data_range=255) for i in range(1, len(truth))])
+        assert s[key] == pytest.approx(oracle, abs=2e-3), key
+    sample = demo.run(tmp_path / "sample", num_frames=9)
+    assert sample["weights"] == "bundled student" and sample["resolution"] == [32, 64] and sample["frames"] == 9
+    assert sample["sampling"]["student"]["chunk_frames"] == 21
