@@ -30,26 +30,23 @@ TRAIN_DIR=$(const DATA_TRAIN); HELDOUT_DIR=$(const DATA_HELDOUT); TEXT_DIR=$(con
 LATENT_DIR=$(dirname "$(const LATENTS)"); AE_DIR=$(const AUTOENCODER); SUFFIX=${CONFIG_SUFFIX:-}
 TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT)
 FRAMES_ARG=${FRAMES:+--frames $FRAMES}
+SIM_CACHE=${SIM_CACHE:-cache/sim_xla}  # the sim workers' shared compilation cache (held-out and training runs)
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 limited() {         # limited SECONDS CMD...: CMD, stopped after SECONDS (if set) with SIGINT (it saves and exits)
   local seconds=$1; shift
   if [ -n "$seconds" ]; then timeout --signal=INT --kill-after=120 "$seconds" "$@" || [ $? -eq 124 ]; else "$@"; fi
 }
 
-stage_data() {      # training episodes, in rounds so that a run cut short is balanced across tasks
-  for n in 25 50 100 200 400 800; do
-    [ "$n" -gt "$N_TRAIN" ] && n=$N_TRAIN
-    log "data: $n per task"
-    $PY -m rynn_jax.sim.cli generate --task all --n "$n" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
-        --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true   # short tasks: logged in summary.json
-    [ "$n" -ge "$N_TRAIN" ] && break
-  done
+stage_data() {      # training episodes (the generator interleaves the tasks: a run cut short is balanced)
+  log "data: $N_TRAIN per task"
+  $PY -m rynn_jax.sim.cli generate --task all --n "$N_TRAIN" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
+      --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG --compile-cache "$SIM_CACHE" > /dev/null || true   # short tasks: logged in summary.json
 }
 
 stage_heldout() {
   log "held-out: $N_HELDOUT per task"
   $PY -m rynn_jax.sim.cli generate --task all --n "$N_HELDOUT" --seed "$(const HELDOUT_SEED)" \
-      --out "$HELDOUT_DIR" --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true
+      --out "$HELDOUT_DIR" --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG --compile-cache "$SIM_CACHE" > /dev/null || true
 }
 
 stage_text() {      # one hashed context per task description (configs/synthetic.py: TEXT_DIM, TEXT_LEN)
