@@ -12,6 +12,8 @@ import json
 import sys
 import types
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,21 @@ def test_masked_psnr_against_numpy(truths):
             want = -10 * np.log10(np.mean(np.square(d[mask[t]])))
             assert got[t] == pytest.approx(want, abs=1e-3)
     assert tr.robot.any(), "the sim robot should be visible in some frame"
+
+
+def test_robot_mask_without_depth_and_flow(sim_root, truths, tmp_path):
+    """A copy of an episode without depth.npz/flow.npz (as brought back from a GPU lease) still has
+    its robot mask, equal to the full episode's; depth and flow are then absent, not an error."""
+    import shutil
+
+    name = episodes.list_episodes(sim_root)[0]
+    shutil.copytree(Path(sim_root) / name, tmp_path / name)
+    for f in ("depth.npz", "flow.npz"):
+        (tmp_path / name / f).unlink()
+    tr = episodes.load_truth(tmp_path, name, 21, H, W)
+    np.testing.assert_array_equal(tr.robot, truths[0].robot)
+    assert tr.depth is None and tr.flow is None
+    np.testing.assert_array_equal(tr.frames, truths[0].frames)
 
 
 def test_depth_errors_closed_forms(truths):
