@@ -178,6 +178,28 @@ def quantize_dit(model: WanDiT) -> WanDiT:
     return nnx.merge(graphdef, target)
 
 
+def run_observers(probe: nnx.Module, run: Callable[[Any, Any], Any], batches: Iterable[Any],
+                  observer: type[nnx.Variable], *, desc: str, progress: bool = True,
+                  compiler_options: dict | None = None) -> int:
+    """Run `run(probe, batch)`, jitted, over the batches, keeping the updates of `probe`'s `observer`
+    variables (a calibration's running maxima); returns the batch count (none is an error)."""
+    graphdef = nnx.graphdef(probe)
+
+    @functools.partial(jax.jit, compiler_options=compiler_options)
+    def step(state, batch):
+        m = nnx.merge(graphdef, state)
+        run(m, batch)
+        return nnx.state(m, observer)
+
+    n = 0
+    for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress):
+        nnx.update(probe, step(nnx.state(probe), batch))
+        n += 1
+    if n == 0:
+        raise ValueError("calibrate: no calibration batches")
+    return n
+
+
 def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterable[Any], *,
               margin: float = 1.0, progress: bool = True) -> WanDiT:
     """Static activation scales for an FP8 model (`quantize_dit`'s output, stacked layers): runs
@@ -210,20 +232,8 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
         raise ValueError(f"calibrate: unexpected FP8 layers {[p for p, _ in linears if p[0] != 'blocks']}")
     for _, lin in linears:
         lin.input_amax = Fp8InputAmax(jnp.full((), -1.0, jnp.float32))  # < 0: never called
-    graphdef = nnx.graphdef(probe)
-
-    @functools.partial(jax.jit, compiler_options=compiler_options(cfg))
-    def step(state, batch):
-        m = nnx.merge(graphdef, state)
-        run(m, batch)
-        return nnx.state(m, Fp8InputAmax)
-
-    n = 0
-    for batch in tqdm(batches, desc="fp8 calibration", unit="batch", disable=not progress):
-        nnx.update(probe, step(nnx.state(probe), batch))
-        n += 1
-    if n == 0:
-        raise ValueError("calibrate: no calibration batches")
+    n = run_observers(probe, run, batches, Fp8InputAmax, desc="fp8 calibration", progress=progress,
+                      compiler_options=compiler_options(cfg))
     amax = {path: float(lin.input_amax[...]) for path, lin in linears}
     dotted = lambda path: ".".join(map(str, path))  # noqa: E731
     bad = sorted(dotted(p) for p, a in amax.items() if not (0 <= a < float("inf")))
@@ -268,20 +278,30 @@ def with_static_scales(model: WanDiT, scales: dict[str, Any]) -> WanDiT:
         raise ValueError("with_static_scales: expects quantize_dit's output (stacked layers, per-token activation "
                          f"scales); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
     graphdef, target = nnx.split(build.abstract_model(WanDiT, dataclasses.replace(cfg, fp8_activations="static")))
-    want = {".".join(p): v for p, v in flatten_params(nnx.to_pure_dict(target)).items() if p[-1] == "input_scale"}
-    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
-    if missing or extra:
-        raise ValueError(f"with_static_scales: scales do not fit this model: missing {missing}, unexpected {extra}")
+    want = {".".join(p): tuple(v.shape) for p, v in flatten_params(nnx.to_pure_dict(target)).items()
+            if p[-1] == "input_scale"}
     values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
-    for name, spec in want.items():
-        a = np.asarray(scales[name])
-        if a.shape != tuple(spec.shape):
-            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, this model needs {tuple(spec.shape)}")
-        if not (np.isfinite(a).all() and (a > 0).all()):
-            raise ValueError(f"with_static_scales: {name!r} has non-finite or non-positive values")
-        values[tuple(name.split("."))] = jnp.asarray(a, jnp.float32)
+    for name, a in checked_scales(scales, want, "model").items():
+        values[tuple(name.split("."))] = a
     nnx.replace_by_pure_dict(target, unflatten_params(values))
     return nnx.merge(graphdef, target)
+
+
+def checked_scales(scales: dict[str, Any], want: dict[str, tuple[int, ...]], what: str) -> dict[str, jax.Array]:
+    """`scales` as float32 arrays, checked against `want` (name → shape): none missing or extra,
+    each of its shape, finite and > 0; anything else is a ValueError naming the entry."""
+    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
+    if missing or extra:
+        raise ValueError(f"with_static_scales: scales do not fit this {what}: missing {missing}, unexpected {extra}")
+    checked = {}
+    for name, shape in want.items():
+        a = np.asarray(scales[name])
+        if a.shape != shape:
+            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, this {what} needs {shape}")
+        if not (np.isfinite(a).all() and (a > 0).all()):
+            raise ValueError(f"with_static_scales: {name!r} has non-finite or non-positive values")
+        checked[name] = jnp.asarray(a, jnp.float32)
+    return checked
 
 
 def save_scales(path: str | os.PathLike[str], model: WanDiT, **info: str) -> None:

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, Protocol, get_args
 
 import jax
 import jax.numpy as jnp
@@ -59,18 +59,22 @@ Cache = dict[str, Any]
 # --------------------------------------------------------------------------------------------------
 
 
-ConvImpl = Literal["3d", "fold2d", "sum2d", "kernel_bf16", "kernel_fp8", "emulate_fp8"]
-CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
-KERNEL_CONV_IMPLS = ("kernel_bf16", "kernel_fp8")  # models/conv_kernel.py: Hopper GPUs only
-FP8_CONV_IMPLS = ("kernel_fp8", "emulate_fp8")  # emulate_fp8: the FP8 kernel's numerics, computed by XLA
-_ROUTED_IMPLS = (*KERNEL_CONV_IMPLS, "emulate_fp8")  # conv_impls that send convs to _kernel_conv
-Fp8Scales = Literal["per_call", "static"]
+ConvImpl = Literal["fold2d", "3d", "sum2d"]
+XLA_CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 
 
-def conv_impls_for(backend: str) -> tuple[str, ...]:
-    """The serving conv_impl values that run on `backend` (jax.default_backend()); emulate_fp8, an
-    oracle for fidelity studies and tests, is left out."""
-    return tuple(i for i in CONV_IMPLS if i != "emulate_fp8" and (backend == "gpu" or i not in KERNEL_CONV_IMPLS))
+class KernelConvFn(Protocol):
+    """A conv injected into the VAE (WanVAEConfig.kernel_conv) for the convs it takes, instead of
+    XLA's: the Hopper kernel, rynn_jax/kernels/vae_conv.py. Hashable: it is part of the config."""
+
+    impl: str  # its name, for logs and result files (WanVAEConfig.conv_name)
+
+    def attach(self, conv: nnx.Module, kernel_thwio: jax.Array, stride: tuple[int, int, int]) -> None:
+        """At construction: give the conv module whatever state this conv keeps on it."""
+
+    def __call__(self, conv: nnx.Module, x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None,
+                 stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]]) -> jax.Array | None:
+        """The conv over past ⧺ x without bias, or None where it does not apply (XLA's then)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,31 +92,36 @@ class WanVAEConfig:
     dtype: str = "float32"  # compute dtype of convs/attention; norms always reduce in float32
     param_dtype: str = "float32"  # storage dtype of parameters
     precision: Literal["default", "high", "highest"] = "default"  # conv precision; highest: no TF32
-    # How a causal k_t×3×3 conv is computed (same function, different kernels; see _conv):
-    # "fold2d" the k_t input frames stacked on channels, one 2-D conv (bench_vae on an H200:
-    # streaming decode 61.2 → 54.1 ms, encode 19.3 → 15.8 ms per chunk; also faster on CPU);
-    # "3d" one 3-D conv; "sum2d" k_t 2-D convs summed in float32 (slowest). 1×1×1 convs are
-    # 2-D unless "3d". "kernel_bf16" / "kernel_fp8": our Hopper implicit-GEMM kernel
-    # (models/conv_kernel.py; Hopper GPUs only; FP8 weights: per output channel max|w|) for every
-    # k×3×3 stride-1 conv it takes, fold2d for the rest. H200, decode chunk at 480×832: fold2d
-    # ≈ 49–50 ms; kernel_fp8 47.7 with per-call scales, 36.0 static (models/conv_kernel.md); kernel_bf16
-    # is slower than fold2d. Decoder only: the encoder keeps fold2d (`encoder_config`).
-    # "emulate_fp8": the convs kernel_fp8 takes, with its FP8 rounding and scales but computed by
-    # XLA in float32 (any backend; slow): to measure an FP8 decoder's fidelity, and for tests.
+    # How XLA computes a causal k_t×3×3 conv (same function, different kernels; see _conv):
+    # "fold2d" (serving) the k_t input frames stacked on channels, one 2-D conv (bench_vae on an
+    # H200: streaming decode 61.2 → 54.1 ms, encode 19.3 → 15.8 ms per chunk; also faster on CPU);
+    # for tests and benches: "3d" one 3-D conv; "sum2d" k_t 2-D convs summed in float32 (slowest).
+    # 1×1×1 convs are 2-D unless "3d".
     conv_impl: ConvImpl = "fold2d"
-    # kernel_fp8's activation scales: "per_call" max|x| of each conv input (an extra reduction and
-    # an unfused convert per conv), or "static": one calibrated scale per conv (models/vae_fp8.py).
-    conv_fp8_scales: Fp8Scales = "per_call"
+    # The injected conv the decoder runs the convs it takes through (the Hopper FP8 kernel; set with
+    # rynn_jax.kernels.vae_conv.configure); None: XLA's conv_impl for every conv.
+    kernel_conv: KernelConvFn | None = None
 
     def __post_init__(self):
         if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
             raise ValueError(f"latents_mean/std need {self.z_dim} values each")
         if len(self.temporal_downsample) != len(self.dim_mult) - 1:
             raise ValueError("temporal_downsample needs one flag per down step (len(dim_mult) - 1)")
-        if self.conv_fp8_scales not in get_args(Fp8Scales):
-            raise ValueError(f"conv_fp8_scales must be one of {get_args(Fp8Scales)}, got {self.conv_fp8_scales!r}")
-        if self.conv_fp8_scales == "static" and self.conv_impl not in FP8_CONV_IMPLS:
-            raise ValueError(f'conv_fp8_scales="static" needs conv_impl in {FP8_CONV_IMPLS}, got {self.conv_impl!r}')
+        if self.kernel_conv is not None and not callable(self.kernel_conv):
+            raise ValueError(f"kernel_conv must be an injected conv (rynn_jax.kernels.vae_conv.KernelConv), "
+                             f"got {self.kernel_conv!r}")
+        if self.conv_impl not in XLA_CONV_IMPLS:
+            raise ValueError(f"conv_impl must be one of {XLA_CONV_IMPLS}, got {self.conv_impl!r} "
+                             "(the kernel ones: rynn_jax.kernels.vae_conv.configure)")
+
+    # Fields older versions wrote to config.json, dropped on load when at their old default
+    # (checkpoints.load_config): the kernel's FP8 scaling now lives in kernel_conv.
+    DROPPED_FIELDS: ClassVar[dict[str, Any]] = {"conv_fp8_scales": "per_call"}
+
+    @property
+    def conv_name(self) -> str:
+        """What computes the convs: the injected conv's name, else conv_impl."""
+        return self.conv_impl if self.kernel_conv is None else self.kernel_conv.impl
 
     @property
     def temporal_stride(self) -> int:
@@ -187,11 +196,9 @@ def _time_views(past: jax.Array | None, x: jax.Array, kt: int) -> list[jax.Array
 def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAEConfig,
           stride: tuple[int, int, int] = (1, 1, 1),
           pad_hw: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)),
-          past: jax.Array | None = None, x_scale: jax.Array | None = None,
-          w_fp8: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+          past: jax.Array | None = None, module: nnx.Module | None = None) -> jax.Array:
     """3D conv over past ⧺ x (`past`: earlier frames, e.g. a causal cache), time unpadded ('valid'),
-    space padded by `pad_hw`. `x_scale`: static FP8 activation scale for the kernel (else per call);
-    `w_fp8`: the kernel pre-quantized for it (conv_kernel.quantize_kernel; else quantized per call).
+    space padded by `pad_hw`. `module`: the conv module calling, for cfg.kernel_conv (injected).
 
     The 2-D formulations exist because GPU conv libraries are tuned for 2-D NHWC convs: frames go
     into the batch axis, and the time taps either into input channels (fold2d) or a sum (sum2d)."""
@@ -206,8 +213,8 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
             dimension_numbers=_CONV_DIMS, precision=precision)
         return y + bias.astype(x.dtype)
     past = None if past is None else past.astype(x.dtype)
-    if cfg.conv_impl in _ROUTED_IMPLS:
-        y = _kernel_conv(x, kernel_thwio, past, cfg, stride, pad_hw, x_scale, w_fp8)
+    if cfg.kernel_conv is not None and module is not None:
+        y = cfg.kernel_conv(module, x, kernel_thwio, past, stride, pad_hw)
         if y is not None:
             return y + bias.astype(y.dtype)
     views = _time_views(past, x, kt)
@@ -222,9 +229,7 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
 
     if kt == 1:
         y = conv2d(views[0], kernel[0])
-    elif cfg.conv_impl in ("fold2d", *_ROUTED_IMPLS):  # channel index (tap, c): tap-major, as the kernel reshape
-        # (convs the kernel impls do not take run fold2d: as sum2d, with float32 partial sums, the
-        # 12-channel conv_out and the time convs cost ≈ 2.6 ms more per decode chunk on the H200)
+    elif cfg.conv_impl == "fold2d":  # channel index (tap, c): tap-major, as the kernel reshape
         y = conv2d(jnp.concatenate(views, axis=-1), kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c_in, c_out))
     else:
         y = sum(conv2d(v, kernel[i], jnp.float32) for i, v in enumerate(views)).astype(x.dtype)
@@ -232,90 +237,10 @@ def _conv(x: jax.Array, kernel_thwio: jax.Array, bias: jax.Array, cfg: WanVAECon
 
 
 def encoder_config(cfg: WanVAEConfig) -> WanVAEConfig:
-    """The config the encoder's layers run with: fold2d where cfg asks for a kernel impl. Measured on
-    an H200, the kernel makes the streaming encode slower (14.8 → 25.4 ms per chunk, per-call FP8):
-    its 160/320-channel convs do not fit the kernel and its 640-channel ones are small."""
-    if cfg.conv_impl not in _ROUTED_IMPLS:
-        return cfg
-    return dataclasses.replace(cfg, conv_impl="fold2d", conv_fp8_scales="per_call")
-
-
-def takes_kernel(kernel_shape: tuple[int, ...], stride: tuple[int, int, int], cfg: WanVAEConfig) -> bool:
-    """Whether cfg.conv_impl sends a conv with this (k_t, k_h, k_w, C, N) kernel (same padding)
-    to models/conv_kernel.py: a kernel impl, stride 1, k_h > 1, channels that fit its tiles."""
-    if cfg.conv_impl not in _ROUTED_IMPLS or stride != (1, 1, 1) or kernel_shape[1] == 1:
-        return False
-    from rynn_jax.models import conv_kernel as ck
-
-    return ck.supports(kernel_shape, jnp.float8_e4m3fn if cfg.conv_impl in FP8_CONV_IMPLS else jnp.bfloat16)
-
-
-def _kernel_conv(x: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None, cfg: WanVAEConfig,
-                 stride: tuple[int, int, int], pad_hw: tuple[tuple[int, int], tuple[int, int]],
-                 x_scale: jax.Array | None = None, w_fp8: tuple[jax.Array, jax.Array] | None = None
-                 ) -> jax.Array | None:
-    """The conv through models/conv_kernel.py, or None where that kernel does not apply (strides,
-    1×1 convs, channel counts off its tiles, fewer than k_t frames)."""
-    from rynn_jax.models import conv_kernel as ck
-
-    kt, kh, kw, _, c_out = kernel_thwio.shape
-    frames = x.shape[1] + (0 if past is None else past.shape[1])
-    if (not takes_kernel(kernel_thwio.shape, stride, cfg) or pad_hw != ((kh // 2, kh // 2), (kw // 2, kw // 2))
-            or frames < kt):
-        return None
-    if past is None or past.shape[1] != kt - 1:  # 'valid' in time over past ⧺ x: split it as the kernel wants
-        xx = x if past is None else jnp.concatenate([past, x], axis=1)
-        past, x = (xx[:, :kt - 1] if kt > 1 else None), xx[:, kt - 1:]
-    if cfg.conv_impl == "emulate_fp8":  # the kernel's operands and bf16 output; f32 math by XLA
-        return ck.causal_conv_reference(x, kernel_thwio, past, dtype=jnp.float8_e4m3fn,
-                                        x_scale=x_scale).astype(jnp.bfloat16)
-    dtype = jnp.float8_e4m3fn if cfg.conv_impl == "kernel_fp8" else jnp.bfloat16
-    return ck.causal_conv(x, kernel_thwio, past, dtype=dtype, x_scale=x_scale,
-                          w_fp8=w_fp8 if cfg.conv_impl == "kernel_fp8" else None, tiles=ck.fitted_tiles(c_out))
-
-
-class ConvInputScale(nnx.Variable):
-    """The calibrated FP8 activation scale, (1,) float32, of a conv the FP8 kernel runs
-    (conv_fp8_scales="static"; models/vae_fp8.py). Not an nnx.Param: checkpoints and converted
-    weights stay the float model's; the scales are a small file of their own."""
-
-
-class ConvKernelFp8(nnx.Variable):
-    """A static-scale kernel conv's weights as the FP8 kernel reads them, quantized once
-    (vae_fp8.with_static_scales; conv_kernel.quantize_kernel): `kernel_fp8` (N, K) float8_e4m3fn
-    and `kernel_scale` (N,) float32. Derived from the kernel parameter, so not an nnx.Param;
-    quantizing per call cost ≈ 1.5 ms per 480×832 decode chunk on the H200."""
-
-
-class ConvInputAmax(nnx.Variable):
-    """Running max |input| of a kernel conv, present only while vae_fp8.calibrate observes it."""
-
-
-def _fp8_state(module: nnx.Module, kernel_thwio: jax.Array, stride: tuple[int, int, int],
-               cfg: WanVAEConfig) -> None:
-    """Give a conv module its FP8 slots (static scales, convs the kernel takes: the input scale and
-    the kernel quantized from `kernel_thwio`) and an empty calibration observer. Weights loaded later
-    must be requantized: vae_fp8.with_static_scales does."""
-    from rynn_jax.models import conv_kernel as ck
-
-    static = cfg.conv_fp8_scales == "static" and takes_kernel(kernel_thwio.shape, stride, cfg)
-    module.input_scale = ConvInputScale(jnp.ones((1,), jnp.float32)) if static else nnx.data(None)
-    w_f8, w_scale = ck.quantize_kernel(kernel_thwio) if static else (None, None)
-    module.kernel_fp8 = ConvKernelFp8(w_f8) if static else nnx.data(None)
-    module.kernel_scale = ConvKernelFp8(w_scale) if static else nnx.data(None)
-    module.input_amax = nnx.data(None)
-
-
-def _fp8_input_scale(module: nnx.Module, x: jax.Array) -> jax.Array | None:
-    """The static activation scale to pass the kernel (None: per call); records max|x| when observed."""
-    if module.input_amax is not None:
-        module.input_amax[...] = jnp.maximum(module.input_amax[...], jnp.max(jnp.abs(x.astype(jnp.float32))))
-    return None if module.input_scale is None else module.input_scale[...][0]
-
-
-def _fp8_kernel(module: nnx.Module) -> tuple[jax.Array, jax.Array] | None:
-    """The pre-quantized (kernel (N, K), scales (N,)) of a static-scale kernel conv, else None."""
-    return None if module.kernel_fp8 is None else (module.kernel_fp8[...], module.kernel_scale[...])
+    """The config the encoder's layers run with: no injected conv. Measured on an H200, the FP8
+    kernel makes the streaming encode slower (14.8 → 25.4 ms per chunk, per-call FP8): its
+    160/320-channel convs do not fit the kernel and its 640-channel ones are small."""
+    return cfg if cfg.kernel_conv is None else dataclasses.replace(cfg, kernel_conv=None)
 
 
 class CausalConv3d(nnx.Module):
@@ -328,7 +253,8 @@ class CausalConv3d(nnx.Module):
                              (None, None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
         self.history = kernel[0] - 1  # frames of past input each output frame looks at
-        _fp8_state(self, self.kernel[...], (1, 1, 1), cfg)
+        if cfg.kernel_conv is not None:
+            cfg.kernel_conv.attach(self, self.kernel[...], (1, 1, 1))
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None) -> tuple[jax.Array, Any]:
         """x (B,T,H,W,C); cache (B,k_t-1,H,W,C) = the previous input frames, None = zeros."""
@@ -340,7 +266,7 @@ class CausalConv3d(nnx.Module):
             new_cache = x[:, -h:] if t >= h else jnp.concatenate([cache[:, t:], x], axis=1)
         kh, kw = self.kernel.shape[1:3]
         y = _conv(x, self.kernel[...], self.bias[...], self.cfg, pad_hw=((kh // 2, kh // 2), (kw // 2, kw // 2)),
-                  past=cache if h else None, x_scale=_fp8_input_scale(self, x), w_fp8=_fp8_kernel(self))
+                  past=cache if h else None, module=self)
         return y, new_cache
 
 
@@ -413,13 +339,13 @@ class Conv2d(nnx.Module):
         self.kernel = _param(rngs, _KERNEL_INIT, (3, 3, c_in, c_out), cfg,
                              (None, None, None, "conv_out"))
         self.bias = _param(rngs, nnx.initializers.zeros_init(), (c_out,), cfg, ("conv_out",))
-        _fp8_state(self, self.kernel[...][None], (1, stride, stride), cfg)
+        if cfg.kernel_conv is not None:
+            cfg.kernel_conv.attach(self, self.kernel[...][None], (1, stride, stride))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         pad = ((0, 1), (0, 1)) if self.stride == 2 else ((1, 1), (1, 1))
         return _conv(x, self.kernel[...][None], self.bias[...], self.cfg,
-                     stride=(1, self.stride, self.stride), pad_hw=pad, x_scale=_fp8_input_scale(self, x),
-                     w_fp8=_fp8_kernel(self))
+                     stride=(1, self.stride, self.stride), pad_hw=pad, module=self)
 
 
 class Resample(nnx.Module):

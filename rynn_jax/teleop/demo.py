@@ -131,7 +131,7 @@ def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: b
         if fp8_scales is not None:
             dit = with_static_scales(dit, load_scales(fp8_scales))
     if vae_fp8_scales is not None:
-        from rynn_jax.models import vae_fp8
+        from rynn_jax.kernels import vae_fp8
 
         vae = vae_fp8.load_static(vae, vae_fp8_scales)
     return dit, vae
