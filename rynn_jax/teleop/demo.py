@@ -152,7 +152,7 @@ def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool 
     dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     decoder = None
     if tae:
-        from rynn_jax.models.tae import load_tae
+        from rynn_jax.models.tae_weights import load_tae
 
         decoder = load_tae(tae)
     return serving_session(dit_model, vae_model, decoder=decoder, unroll_layers=dit is not None)
