@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rynn_jax.models import fp8 as fp8_lib
+from rynn_jax.models import fp8_linear as fp8_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +195,6 @@ def _load_rows(plgpu, ref, start, rows: int, layout):
     """rows [start, start + rows) of a shared-memory ref into registers (jax 0.10 takes the index
     as an argument, later versions as ref.at[...]). Keep `start` a multiple of 8: on an H200 (jax
     0.11.2) a start 1 or 2 rows off lowered but read garbage, not the shifted rows."""
-    import inspect
-
     import jax.experimental.pallas as pl
 
     if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:

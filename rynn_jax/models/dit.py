@@ -25,7 +25,7 @@ from rynn_jax.models.dit_blocks import (_REMAT_POLICIES, ATTENTION_FWD_PRIMITIVE
                                         attention_impl, frames_to_tokens, modulate, pad_tokens,
                                         save_dots_and_attention, timestep_sinusoid)
 from rynn_jax.models.dit_config import WanDiTConfig
-from rynn_jax.models.fp8 import Fp8Linear
+from rynn_jax.models.fp8_linear import Fp8Linear
 from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed
 
 __all__ = [  # the config and the block's pieces are re-exported: callers import them from here

@@ -15,7 +15,7 @@ from flax import nnx
 
 from rynn_jax.models import rope
 from rynn_jax.models.dit_config import WanDiTConfig
-from rynn_jax.models.fp8 import Fp8Linear
+from rynn_jax.models.fp8_linear import Fp8Linear
 from rynn_jax.models.layers import layer_norm, linear, param, rms_norm
 from rynn_jax.sharding import constrain
 
