@@ -3,6 +3,8 @@ and flow errors, FVD, baselines, plots and a report (rynn_jax/eval/, docs/eval.m
 
     python eval.py --model teacher --dit DIR --vae DIR --episodes data/sim_heldout --out eval/teacher
     python eval.py --model student --dit DIR --vae DIR --episodes data/sim_heldout --out eval/student
+    python eval.py --model student --dit weights/synthetic/student --vae weights/synthetic/autoencoder \
+        --episodes data/synthetic/heldout_long --frames 481 --out eval/drift   # PSNR per 80-frame chunk
     python eval.py --model generated --generated data/robot_generated --episodes data/robot --out eval/gen
 
 Re-running the same command resumes (finished episodes are kept); the report is rewritten.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from rynn_jax import compile_cache, errors
-from rynn_jax.eval.report import summary_lines
+from rynn_jax.eval.report import CHUNK_FRAMES, summary_lines
 from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
 from rynn_jax.teleop.demo import height_width
 
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--swap", action="store_true",
                    help="also generate each episode with the next episode's skeleton (control-following check)")
     p.add_argument("--shift-frames", type=int, default=4, help="delay of the shifted-truth baseline, frames")
+    p.add_argument("--chunk-frames", type=int, default=CHUNK_FRAMES,
+                   help="drift: PSNR per chunk of this many frames (80: one re-anchored student chunk)")
     p.add_argument("--no-fvd", action="store_true", help="skip I3D features and FVD")
     p.add_argument("--text", default=None, help="one umT5 embedding (.safetensors) for every prompt")
     p.add_argument("--text-embeddings", default=None, metavar="DIR", help="DIR/<sha256(task description)>.safetensors")
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = EvalConfig(model=a.model, episodes=a.episodes, out=a.out, generated=a.generated, dit=a.dit, vae=a.vae,
                          frames=a.frames, resolution=a.resolution, steps=a.steps, max_episodes=a.max_episodes,
                          seed=a.seed, swap=a.swap, shift_frames=a.shift_frames, fvd=not a.no_fvd, text=a.text,
+                         chunk_frames=a.chunk_frames,
                          text_embeddings=a.text_embeddings)
     except ValueError as e:
         raise errors.UsageError(str(e)) from None

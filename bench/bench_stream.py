@@ -3,6 +3,8 @@
 
     python bench/bench_stream.py --batch 1 2 4 8 --out bench/results/stream_h200.json   # 5B, 480×832, bf16
     python bench/bench_stream.py --tiny --height 64 --width 64 --out /tmp/s.json      # CPU smoke
+    python bench/bench_stream.py --synthetic --chunks 2 --warm-chunks 1 --out bench/results/stream_synthetic_cpu.json
+        # the synthetic world's student (bundled size, random weights) at 128×224
     python bench/bench_stream.py --compile-cache /tmp/xla ...   # twice: cold, then warm time to first frame
 
 Per batch size B (B sessions in lock step in one executable): time to first frame (start + first
@@ -45,7 +47,7 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
            fp8_calibration: dict | None, vae_calibration: dict | None = None) -> None:
     import jax
 
-    out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny,
+    out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny, synthetic=a.synthetic,
                unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_name,
                vae_conv_fp8_scales=vae_cfg.kernel_conv and vae_cfg.kernel_conv.fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
@@ -167,8 +169,13 @@ def run_ab(sessions: dict, render, joints, elbows, image, ctx, chunks: int, warm
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny", action="store_true", help="tiny DiT + VAE (CPU smoke check)")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--synthetic", action="store_true",
+                   help="the synthetic world's student as bundled (configs/synthetic.py: teacher_model() and the "
+                        "32-channel WanVAEConfig.synthetic autoencoder), random weights, default 128×224")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="compute dtype (default: float32 for --tiny, bfloat16 otherwise, as bundled/released)")
+    p.add_argument("--height", type=int, default=None, help="default 480 (128 with --synthetic)")
+    p.add_argument("--width", type=int, default=None, help="default 832 (224 with --synthetic)")
     p.add_argument("--chunks", type=int, default=3, help="81-frame chunks to stream per batch size")
     p.add_argument("--warm-chunks", type=int, default=2,
                    help="leading chunks left out of the steady state (they compile the step, the "
@@ -213,6 +220,10 @@ def main() -> None:
         a.fp8_activations = "static"
     if a.ab == "merge" and "--clean-pass" in sys.argv:
         p.error("--ab merge times both clean passes; leave out --clean-pass")
+    if a.tiny and a.synthetic:
+        p.error("--tiny or --synthetic, not both")
+    a.height = a.height or (128 if a.synthetic else 480)
+    a.width = a.width or (224 if a.synthetic else 832)
     if a.chunks <= a.warm_chunks:
         p.error("--chunks must exceed --warm-chunks (nothing left to time)")
     if a.fp8_activations != "per_token" and not a.fp8:
@@ -239,8 +250,13 @@ def main() -> None:
         compile_cache.enable(a.compile_cache)
         print(f"compilation cache {a.compile_cache}: {cache_entries_at_start} entries at start", flush=True)
 
-    dtype = "float32" if a.tiny else "bfloat16"
-    if a.tiny:
+    dtype = a.dtype or ("float32" if a.tiny else "bfloat16")
+    if a.synthetic:  # float32 master weights as exported, `dtype` compute (the bundled config: bfloat16)
+        from configs import synthetic
+
+        vae_cfg = WanVAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS, dtype=dtype)
+        dit_cfg = synthetic.teacher_model(dtype=dtype, token_multiple=a.token_multiple)
+    elif a.tiny:
         vae_cfg = WanVAEConfig.tiny()
         dit_cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4,
                                     token_multiple=a.token_multiple)

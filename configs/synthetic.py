@@ -33,6 +33,8 @@ DATA_HELDOUT = "data/synthetic/heldout"
 TEXT_EMBEDDINGS = "data/synthetic/text_embeddings"
 LATENTS = "data/synthetic/latents/robot-*.array_record"
 AUTOENCODER = "weights/synthetic/autoencoder"
+TEACHER = "weights/synthetic/teacher"  # exported EMA teacher (distillation's ckpt.init_from)
+STUDENT = "weights/synthetic/student"  # exported causal student (what serving loads by default)
 RUNS = "runs/synthetic"
 
 

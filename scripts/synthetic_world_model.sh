@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The synthetic-world world model, end to end: data → autoencoder → pre-encoded latents → teacher →
-# exported bf16 weights. Every stage is one of the project's own commands; re-running a stage resumes
+# exported bf16 weights → distilled causal student (phase A, phase B, export). Every stage is one of the project's own commands; re-running a stage resumes
 # it (episodes, shards and checkpoints are written atomically). Paths and sizes: configs/synthetic.py.
 #
 #   scripts/synthetic_world_model.sh all                 # every stage, in order
@@ -9,8 +9,10 @@
 # Knobs (environment): WORKERS (sim processes, default nproc), N_TRAIN / N_HELDOUT (episodes per task,
 # default from configs/synthetic.py), PREENCODE_WORKERS (processes sharing the accelerator, default 4),
 # AE_STEPS / TEACHER_STEPS (override total_steps), TEACHER_SECONDS (stop the teacher after this many
-# seconds with SIGINT: it saves and exits), CONFIG_SUFFIX ("_tiny" for the CPU smoke run, e.g.
-# configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length).
+# seconds with SIGINT: it saves and exits), DISTILL_A_SECONDS / DISTILL_B_SECONDS (the same for the two
+# distillation phases), DISTILL_A_STEPS / DISTILL_B_STEPS (override total_steps), STUDENT_INIT (an
+# exported student phase B continues from, instead of phase A's run), CONFIG_SUFFIX ("_tiny" for the
+# CPU smoke run, e.g. configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length).
 # WORKDIR: where data/, weights/ and runs/ go (default: the repository).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,23 +28,25 @@ N_TRAIN=${N_TRAIN:-$(const TRAIN_PER_TASK)}
 N_HELDOUT=${N_HELDOUT:-$(const HELDOUT_PER_TASK)}
 TRAIN_DIR=$(const DATA_TRAIN); HELDOUT_DIR=$(const DATA_HELDOUT); TEXT_DIR=$(const TEXT_EMBEDDINGS)
 LATENT_DIR=$(dirname "$(const LATENTS)"); AE_DIR=$(const AUTOENCODER); SUFFIX=${CONFIG_SUFFIX:-}
+TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT)
 FRAMES_ARG=${FRAMES:+--frames $FRAMES}
+SIM_CACHE=${SIM_CACHE:-cache/sim_xla}  # the sim workers' shared compilation cache (held-out and training runs)
 log() { echo "[$(date +%H:%M:%S)] $*"; }
+limited() {         # limited SECONDS CMD...: CMD, stopped after SECONDS (if set) with SIGINT (it saves and exits)
+  local seconds=$1; shift
+  if [ -n "$seconds" ]; then timeout --signal=INT --kill-after=120 "$seconds" "$@" || [ $? -eq 124 ]; else "$@"; fi
+}
 
-stage_data() {      # training episodes, in rounds so that a run cut short is balanced across tasks
-  for n in 25 50 100 200 400 800; do
-    [ "$n" -gt "$N_TRAIN" ] && n=$N_TRAIN
-    log "data: $n per task"
-    $PY -m rynn_jax.sim.cli generate --task all --n "$n" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
-        --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true   # short tasks: logged in summary.json
-    [ "$n" -ge "$N_TRAIN" ] && break
-  done
+stage_data() {      # training episodes (the generator interleaves the tasks: a run cut short is balanced)
+  log "data: $N_TRAIN per task"
+  $PY -m rynn_jax.sim.cli generate --task all --n "$N_TRAIN" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
+      --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG --compile-cache "$SIM_CACHE" > /dev/null || true   # short tasks: logged in summary.json
 }
 
 stage_heldout() {
   log "held-out: $N_HELDOUT per task"
   $PY -m rynn_jax.sim.cli generate --task all --n "$N_HELDOUT" --seed "$(const HELDOUT_SEED)" \
-      --out "$HELDOUT_DIR" --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG > /dev/null || true
+      --out "$HELDOUT_DIR" --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG --compile-cache "$SIM_CACHE" > /dev/null || true
 }
 
 stage_text() {      # one hashed context per task description (configs/synthetic.py: TEXT_DIM, TEXT_LEN)
@@ -71,21 +75,36 @@ stage_preencode() { # PREENCODE_WORKERS processes share the accelerator (each ta
 
 stage_teacher() {
   log "teacher"
-  local cmd=($PY "$REPO/train.py" --config "$REPO/configs/synthetic_teacher${SUFFIX}.py" ${TEACHER_STEPS:+--set total_steps=$TEACHER_STEPS})
-  if [ -n "${TEACHER_SECONDS:-}" ]; then
-    timeout --signal=INT --kill-after=120 "$TEACHER_SECONDS" "${cmd[@]}" || [ $? -eq 124 ]
-  else
-    "${cmd[@]}"
-  fi
+  limited "${TEACHER_SECONDS:-}" $PY "$REPO/train.py" --config "$REPO/configs/synthetic_teacher${SUFFIX}.py" \
+      ${TEACHER_STEPS:+--set total_steps=$TEACHER_STEPS}
 }
 
 stage_export() {    # EMA weights, bf16, where the loaders and the demo look for them
   log "export"
   $PY -m rynn_jax.training.export_weights --config "$REPO/configs/synthetic_teacher${SUFFIX}.py" \
-      --out "$(dirname "$AE_DIR")/teacher" --dtype bfloat16
+      --out "$TEACHER_DIR" --dtype bfloat16
+}
+
+DISTILL=$REPO/configs/synthetic_distill${SUFFIX}.py
+stage_distill_a() { # phase A (causal warm-up) from the exported teacher (the recipe's ckpt.init_from)
+  [ -n "${STUDENT_INIT:-}" ] && { log "distill A: skipped (phase B continues from $STUDENT_INIT)"; return; }
+  log "distill A"
+  limited "${DISTILL_A_SECONDS:-}" $PY "$REPO/distill.py" --config "$DISTILL:warmup" \
+      ${DISTILL_A_STEPS:+--set total_steps=$DISTILL_A_STEPS}
+}
+
+stage_distill_b() { # phase B (DMD) from phase A's newest checkpoint, or from STUDENT_INIT's exported weights
+  log "distill B"
+  limited "${DISTILL_B_SECONDS:-}" $PY "$REPO/distill.py" --config "$DISTILL:dmd" \
+      ${STUDENT_INIT:+--set student_from=$STUDENT_INIT} ${DISTILL_B_STEPS:+--set total_steps=$DISTILL_B_STEPS}
+}
+
+stage_distill_export() { # EMA student, bf16, with its serving spec: what serve.py loads by default
+  log "distill export"
+  $PY -m rynn_jax.distill.export --config "$DISTILL:dmd" --out "$STUDENT_DIR" --dtype bfloat16 --resolution "$RES"
 }
 
 stages=("$@")
-[ "${stages[*]:-}" = all ] || [ ${#stages[@]} -eq 0 ] && stages=(data heldout text autoencoder preencode teacher export)
+[ "${stages[*]:-}" = all ] || [ ${#stages[@]} -eq 0 ] && stages=(data heldout text autoencoder preencode teacher export distill_a distill_b distill_export)
 for s in "${stages[@]}"; do "stage_$s"; done
 log "done: ${stages[*]}"

@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Headless MuJoCo rendering (Debian's libosmesa6, installed by .ci/run); read when mujoco is imported.
 os.environ.setdefault("MUJOCO_GL", "osmesa")
+# Hermetic defaults: without --dit/--vae the commands use tiny random networks, whether or not trained
+# weights are bundled (tests that want bundled weights point RYNN_JAX_WEIGHTS at them).
+os.environ.setdefault("RYNN_JAX_WEIGHTS", os.path.join(os.path.dirname(__file__), "no-bundled-weights"))
 
 import pytest  # noqa: E402
 

@@ -12,6 +12,8 @@ import json
 import sys
 import types
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,21 @@ def test_masked_psnr_against_numpy(truths):
             want = -10 * np.log10(np.mean(np.square(d[mask[t]])))
             assert got[t] == pytest.approx(want, abs=1e-3)
     assert tr.robot.any(), "the sim robot should be visible in some frame"
+
+
+def test_robot_mask_without_depth_and_flow(sim_root, truths, tmp_path):
+    """A copy of an episode without depth.npz/flow.npz (as brought back from a GPU lease) still has
+    its robot mask, equal to the full episode's; depth and flow are then absent, not an error."""
+    import shutil
+
+    name = episodes.list_episodes(sim_root)[0]
+    shutil.copytree(Path(sim_root) / name, tmp_path / name)
+    for f in ("depth.npz", "flow.npz"):
+        (tmp_path / name / f).unlink()
+    tr = episodes.load_truth(tmp_path, name, 21, H, W)
+    np.testing.assert_array_equal(tr.robot, truths[0].robot)
+    assert tr.depth is None and tr.flow is None
+    np.testing.assert_array_equal(tr.frames, truths[0].frames)
 
 
 def test_depth_errors_closed_forms(truths):
@@ -300,6 +317,60 @@ def test_eval_student_streams_through_the_session(sim_root, tmp_path, fast_compi
     n, h, w = episodes.video_size(tmp_path / "student" / "generated" / name / episodes.VIDEO_FILE)
     assert (n, h, w) == (T, H, W)
     assert "FVD" in (tmp_path / "student" / "report.md").read_text()
+
+
+def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, fast_compile):
+    """A student directory (weights + student.json) is streamed in its own layout: 2-frame blocks,
+    chunks of 4 latent frames re-anchored on its last frame (13 frames, then 12 per chunk: the
+    21-frame episodes cross a chunk boundary). Its scores are those of the same session rolled out
+    directly, and the drift table's per-chunk PSNR is scikit-image's, averaged per chunk."""
+    from skimage.metrics import peak_signal_noise_ratio
+
+    from rynn_jax import checkpoints
+    from rynn_jax.models.causal import CausalConfig
+    from rynn_jax.models.dit import WanDiTConfig, init_dit
+    from rynn_jax.models.dit_weights import load_dit
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+    from rynn_jax.models.vae_weights import load_vae
+    from rynn_jax.teleop import demo, generate as generate_lib
+    from rynn_jax.teleop.student import StudentSpec, write_spec
+    from rynn_jax.teleop.streaming import StepConfig
+
+    from flax import nnx
+
+    dit = init_dit(WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4), seed=4)
+    vae = init_vae(WanVAEConfig.tiny(), seed=0)
+    spec = StudentSpec(causal=CausalConfig(frames_per_block=2, window_frames=3), steps=StepConfig(num_steps=2),
+                       chunk_frames=4, resolution=(H, W))
+    for d, model in (("student", dit), ("vae", vae)):
+        checkpoints.save_params(tmp_path / d, nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)
+    write_spec(tmp_path / "student", spec)
+    frames, chunk = 21, 8
+    s = _run(["--model", "student", "--dit", str(tmp_path / "student"), "--vae", str(tmp_path / "vae"),
+              "--episodes", str(sim_root), "--out", str(tmp_path / "eval"), "--frames", str(frames), "--swap",
+              "--no-fvd", "--chunk-frames", str(chunk), "--seed", "2"])
+    assert set(s["variants"]) == {"model", "model_swapped", "copy_first_frame", "shifted"}
+
+    session = demo.serving_session(load_dit(tmp_path / "student"), load_vae(tmp_path / "vae"), spec=spec)
+    assert session.chunk_frames == 4 and session.ccfg == spec.causal
+    oracle = []
+    for name in episodes.list_episodes(sim_root):
+        truth = episodes.load_truth(sim_root, name, frames, H, W)
+        keys = generate_lib.episode_key(2, name)[None]
+        video = generate_lib.rollout(session, truth.frames[:1], truth.skeleton[None], np.zeros(
+            (1, dit.cfg.text_len, dit.cfg.text_dim), np.float32), keys)[0]
+        assert session.chunks == 1  # re-anchored once within the episode
+        rec = json.loads((tmp_path / "eval" / "episodes" / f"{name}.json".replace("/", "__")).read_text())
+        np.testing.assert_allclose(rec["variants"]["model"]["per_frame"]["psnr"][1:],
+                                   np.asarray(metrics.psnr(video, truth.frames))[1:], rtol=1e-5)
+        sk = [peak_signal_noise_ratio(truth.frames[i], video[i], data_range=255) for i in range(frames)]
+        oracle.append([np.mean(sk[1 + k * chunk:1 + (k + 1) * chunk]) for k in range(2)])  # frames 1–8, 9–16
+    got = s["psnr_per_chunk"]["model"]
+    assert [r["frames"] for r in got] == [[1, 8], [9, 16]] and [r["n"] for r in got] == [2, 2]
+    np.testing.assert_allclose([r["mean"] for r in got], np.mean(oracle, axis=0), rtol=1e-4)
+    np.testing.assert_allclose([r["std"] for r in got], np.std(oracle, axis=0), rtol=1e-3, atol=1e-4)
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "## PSNR per chunk (drift)" in report and (tmp_path / "eval" / "psnr_per_chunk.png").stat().st_size > 0
 
 
 def test_eval_cli_errors(sim_root, tmp_path):

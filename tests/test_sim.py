@@ -8,6 +8,7 @@ it the one-off compile of the retargeting.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +184,26 @@ def test_shard_reads_back_through_robot_pipeline(rendered, tmp_path):
     np.testing.assert_array_equal(gt["labels"], ep.segmentation)
     meta = json.loads((d / "metadata.json").read_text())
     assert meta["total_frames"] == len(ep.t) and meta["fps"] == 16.0 and meta["success"]
+
+
+def test_cli_generate_interleaves_tasks(tmp_path, monkeypatch):
+    """Attempts go to the task furthest behind, so a generation stopped early is balanced."""
+    from rynn_jax.sim import cli, export
+
+    order = []
+
+    def fake_attempt(task, attempt, seed, out, *rest):
+        order.append((task, attempt))
+        (Path(out) / task).mkdir(parents=True, exist_ok=True)
+        return {"task": task, "attempt": attempt, "seed": seed, "success": task != "b" or attempt % 2 == 1,
+                "failures": [], "seconds": 0.0, "timings_s": {}}
+
+    monkeypatch.setattr(cli, "run_attempt", fake_attempt)
+    monkeypatch.setattr(export, "write_action_stats", lambda root: {"episodes": 0})
+    s = cli.generate(["a", "b", "c"], 2, str(tmp_path / "sim"), workers=0, progress=False)
+    # b fails its even attempts: it gets the next turn until it catches up, never a whole task at once.
+    assert order == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("a", 1), ("c", 1), ("b", 2), ("b", 3)]
+    assert {t: v["successes"] for t, v in s["tasks"].items()} == {"a": 2, "b": 2, "c": 2}
 
 
 def test_cli_generate_is_resumable(tmp_path):

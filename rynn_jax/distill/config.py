@@ -61,7 +61,8 @@ class DistillConfig:
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     ckpt: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)  # init_from = teacher
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
-    # Phase B starts the student from a phase-A run's checkpoint directory ("" = from the teacher).
+    # Phase B starts the student from a phase-A run's checkpoint directory, or from exported student
+    # weights (`rynn_jax.distill.export`); "" = from the teacher.
     student_from: str = ""
     student_from_ema: bool = True  # take the phase-A EMA weights (else the raw params)
     teacher_dtype: str = "float32"  # storage of the frozen teacher ("bfloat16" halves it)

@@ -140,7 +140,18 @@ def _start_from(state: DistillState, weights: nnx.State, cfg: DistillConfig, sha
 
 
 def load_student(cfg: DistillConfig, state: DistillState, tx_s, tx_c, mesh: Mesh) -> DistillState:
-    """Phase B's student (and its EMA) from the newest step of the phase-A run at `student_from`."""
+    """Phase B's student (and its EMA) from the newest step of the phase-A run at `student_from`,
+    or from exported student weights there (`rynn_jax.distill.export`: a later lease continues)."""
+    from rynn_jax import checkpoints
+
+    _, s_sh = state_shardings(cfg, tx_s, tx_c, mesh)[1]
+    if checkpoints.is_converted_dir(cfg.student_from):
+        pure = nnx.to_pure_dict(state.student)
+        weights = checkpoints.restore_params(cfg.student_from, jax.tree.map(lambda a: a, pure),
+                                             shardings=nnx.to_pure_dict(s_sh.student))
+        student = jax.tree.map(lambda a: a, state.student)
+        nnx.replace_by_pure_dict(student, weights)
+        return _start_from(state, student, cfg, s_sh, critic_too=False)
     warm_cfg = dataclasses.replace(cfg, phase="warmup", optim=_warmup_like(cfg))
     tx_ws, tx_wc = make_optimizers(warm_cfg)
     (_, abstract), (_, shardings) = state_shardings(warm_cfg, tx_ws, tx_wc, mesh)
@@ -152,7 +163,6 @@ def load_student(cfg: DistillConfig, state: DistillState, tx_s, tx_c, mesh: Mesh
     warm = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
     manager.close()
     weights = warm.ema if cfg.student_from_ema and len(warm.ema) else warm.student
-    _, s_sh = state_shardings(cfg, tx_s, tx_c, mesh)[1]
     return _start_from(state, weights, cfg, s_sh, critic_too=False)
 
 

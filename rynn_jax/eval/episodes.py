@@ -70,12 +70,15 @@ def load_truth(root: str | os.PathLike, name: str, num_frames: int, height: int,
     skeleton = np.asarray(skeleton_renderer(height, width, cfg.fps)(sample), np.uint8)
     truth = Truth(name, np.asarray(sample["video"], np.uint8), skeleton, str(sample["text"]))
     d = Path(root) / name
-    if (d / sim_export.DEPTH_FILE).exists():
-        gt = sim_export.read_ground_truth(d)
+    gt = sim_export.read_ground_truth(d, missing_ok=True)  # each kind the episode has (copies may drop some)
+    if gt:
         _, src_h, src_w = video_size(d / VIDEO_FILE)
         idx = np.asarray(sample["frame_index"])
+    if "depth" in gt:
         truth.depth = crop_like_frames(gt["depth"][idx], src_h, src_w, height, width)
+    if "labels" in gt:
         truth.robot = np.isin(crop_like_frames(gt["labels"][idx], src_h, src_w, height, width), (1, 2))
+    if "flow" in gt:
         pairs = idx[:-1][idx[:-1] < len(gt["flow"])]
         truth.flow = crop_like_frames(gt["flow"][pairs], src_h, src_w, height, width, vectors=True)
     return truth

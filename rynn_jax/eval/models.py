@@ -49,7 +49,7 @@ def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
 
 def student(dit: str | None, vae: str | None, seed: int, *, text: str | None = None,
             text_embeddings: str | None = None) -> Runner:
-    session = demo.streaming_session(dit, vae, seed)
+    session = demo.streaming_session(dit, vae, seed, random_weights=dit is None and vae is None)
     contexts = generate_lib.text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
 
     def run(name: str, reference_hw3: np.ndarray, skeleton_thw3: np.ndarray, prompt: str) -> np.ndarray:

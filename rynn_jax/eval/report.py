@@ -3,6 +3,7 @@
     metrics.json         per variant and metric: mean, std, median, n; FVD; swap and baseline gaps
     episodes.csv/.parquet one row per (episode, variant) with its video scores
     psnr_over_time.png   mean per-frame PSNR (±1 std) of each variant across episodes
+    psnr_per_chunk.png   mean PSNR per chunk of `chunk_frames` frames (long episodes: does it drift?)
     histograms.png       per-episode PSNR / SSIM / LPIPS of each variant
     grid.png             frame strips of the first episodes: skeleton | generated (| swapped) | truth
     report.md            all of the above, linked, readable without running anything
@@ -22,6 +23,9 @@ from rynn_jax.eval import fvd
 from rynn_jax.eval.score import METRICS
 
 GRID_EPISODES = 4
+# Drift chunks: frames 1..80, 81..160, ... — what the streamed student generates per re-anchored chunk
+# of 21 latent frames (81 video frames, whose frame 0 is the anchor, already shown).
+CHUNK_FRAMES = 80
 VARIANT_LABELS = {
     "model": "model", "model_swapped": "model, swapped control", "copy_first_frame": "copy first frame",
     "shifted": "truth shifted", "autoencoder": "autoencoder round trip (ceiling)",
@@ -41,7 +45,27 @@ def load_records(out: Path, names: list[str]) -> list[dict]:
     return recs
 
 
-def aggregate(records: list[dict], features: dict[str, list[np.ndarray]]) -> dict:
+def chunk_means(per_frame: list[float], chunk_frames: int) -> list[float]:
+    """Mean of frames 1 + k·c .. (k + 1)·c for every whole chunk k (frame 0 is the given reference)."""
+    x = np.asarray(per_frame, np.float64)[1:]
+    whole = len(x) // chunk_frames
+    return x[:whole * chunk_frames].reshape(whole, chunk_frames).mean(axis=1).tolist()
+
+
+def per_chunk(records: list[dict], chunk_frames: int, metric: str = "psnr") -> dict[str, list[dict]]:
+    """Per variant and whole chunk: mean, std and count over the episodes that reach that chunk."""
+    out: dict[str, list[dict]] = {}
+    for v in records[0]["variants"]:
+        rows = [chunk_means(r["variants"][v]["per_frame"][metric], chunk_frames) for r in records]
+        out[v] = []
+        for k in range(max(len(c) for c in rows)):
+            x = np.asarray([c[k] for c in rows if len(c) > k])
+            out[v].append({"chunk": k, "frames": [1 + k * chunk_frames, (k + 1) * chunk_frames],
+                           "mean": float(x.mean()), "std": float(x.std()), "n": int(x.size)})
+    return out
+
+
+def aggregate(records: list[dict], features: dict[str, list[np.ndarray]], chunk_frames: int = CHUNK_FRAMES) -> dict:
     variants = list(records[0]["variants"])
     summary: dict = {"episodes": len(records), "frames": sorted({r["frames"] for r in records}),
                      "resolution": sorted({(r["height"], r["width"]) for r in records}), "variants": {}}
@@ -66,6 +90,8 @@ def aggregate(records: list[dict], features: dict[str, list[np.ndarray]]) -> dic
     if "model_swapped" in variants:
         summary["swap_drop_db"] = {m: gap("model", "model_swapped", m) for m in ("psnr", "robot_psnr")}
     summary["fvd"] = fvd_summary(features)
+    summary["chunk_frames"] = chunk_frames
+    summary["psnr_per_chunk"] = per_chunk(records, chunk_frames)
     return summary
 
 
@@ -95,6 +121,28 @@ def write_tables(out: Path, records: list[dict]) -> None:
     table = pa.Table.from_pylist(rows)
     pa_csv.write_csv(table, out / "episodes.csv")
     pq.write_table(table, out / "episodes.parquet")
+
+
+def plot_chunks(out: Path, chunks: dict[str, list[dict]], chunk_frames: int) -> None:
+    """Mean PSNR (±1 std over episodes) per chunk of each variant: the drift plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.4), dpi=90)
+    for v, rows in chunks.items():
+        k = np.asarray([r["chunk"] for r in rows])
+        mean, std = np.asarray([r["mean"] for r in rows]), np.asarray([r["std"] for r in rows])
+        ax.errorbar(k + 1, mean, yerr=std, marker="o", capsize=3, label=VARIANT_LABELS.get(v, v))
+    ax.set_xlabel(f"chunk ({chunk_frames} frames = {chunk_frames / 16:g} s at 16 fps)")
+    ax.set_ylabel("PSNR (dB)")
+    ax.set_title("PSNR per chunk, mean ± std over episodes")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "psnr_per_chunk.png")
+    plt.close(fig)
 
 
 def plot(out: Path, records: list[dict]) -> None:
@@ -158,8 +206,9 @@ def plot(out: Path, records: list[dict]) -> None:
     plt.close(fig)
 
 
-def write_report(out: Path, names: list[str], config: dict) -> dict:
-    """Aggregate the finished episodes of `names` under `out`; write every table, plot and report.md."""
+def write_report(out: Path, names: list[str], config: dict, chunk_frames: int = CHUNK_FRAMES) -> dict:
+    """Aggregate the finished episodes of `names` under `out`; write every table, plot and report.md
+    (the drift plot when episodes have ≥ 2 whole chunks of `chunk_frames` frames)."""
     records = load_records(out, names)
     if not records:
         raise ValueError(f"{out}: no evaluated episodes to report")
@@ -170,13 +219,20 @@ def write_report(out: Path, names: list[str], config: dict) -> dict:
             with np.load(p) as z:
                 for k in z.files:
                     features.setdefault(k, []).append(z[k])
-    summary = {**aggregate(records, features), "config": config,
+    summary = {**aggregate(records, features, chunk_frames), "config": config,
                "missing_episodes": [n for n in names if n not in {r["episode"] for r in records}]}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1))
     write_tables(out, records)
     plot(out, records)
+    if _drifts(summary):
+        plot_chunks(out, summary["psnr_per_chunk"], chunk_frames)
     (out / "report.md").write_text(markdown(summary))
     return summary
+
+
+def _drifts(s: dict) -> bool:
+    """Whether there are ≥ 2 whole chunks to compare (a drift table and plot)."""
+    return len(s["psnr_per_chunk"].get("model", [])) >= 2
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -192,8 +248,20 @@ def markdown(s: dict) -> str:
              "Video scores average frames 1..N−1 (frame 0 is the given reference); the table shows the mean "
              "(± std) over episodes. Definitions: `rynn_jax/eval/metrics.py`.", ""]
     lines += summary_lines(s)
-    lines += ["", "## Per-frame PSNR", "", "![per-frame PSNR](psnr_over_time.png)", "",
-              "## Distributions over episodes", "", "![histograms](histograms.png)", "",
+    lines += ["", "## Per-frame PSNR", "", "![per-frame PSNR](psnr_over_time.png)", ""]
+    if _drifts(s):
+        c = s["chunk_frames"]
+        rows = s["psnr_per_chunk"]
+        chunks = rows["model"]
+        lines += ["## PSNR per chunk (drift)", "",
+                  f"Mean PSNR over each whole chunk of {c} frames ({c / 16:g} s), mean ± std over the episodes "
+                  "that reach it.", "",
+                  "| variant | " + " | ".join(f"frames {r['frames'][0]}–{r['frames'][1]}" for r in chunks) + " |",
+                  "|---|" + "---|" * len(chunks)]
+        lines += ["| " + VARIANT_LABELS.get(v, v) + " | " + " | ".join(f"{_fmt(r['mean'])} ± {_fmt(r['std'])}"
+                                                                         for r in rs) + " |" for v, rs in rows.items()]
+        lines += ["", "![PSNR per chunk](psnr_per_chunk.png)", ""]
+    lines += ["## Distributions over episodes", "", "![histograms](histograms.png)", "",
               "## Frame strips", "",
               "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
                                                        else "") + " | ground truth; frames evenly spaced.", "",

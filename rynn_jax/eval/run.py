@@ -6,7 +6,12 @@ it and the baselines against ground truth, keep I3D features for FVD; then aggre
     <out>/episodes/<name>.npz     I3D features of every variant and of the truth (FVD)
     <out>/strips/<name>.png       frame strip: skeleton | generated (| swapped) | truth
     <out>/generated/<name>/       the model's video (and control) in the robot episode layout
-    <out>/metrics.json, episodes.csv, episodes.parquet, plots, report.md (`report.write_report`)
+    <out>/metrics.json, episodes.csv, episodes.parquet, plots, report.md (`report.write_report`;
+                                  with ≥ 2 whole chunks of `chunk_frames`, PSNR per chunk: drift)
+
+The student streams through `StreamingSession` in the layout it was distilled for (an exported
+student's `student.json`: blocks, cache, chunk re-anchoring on its own last frame), for any number
+of frames; `--frames 481` on 30-s episodes gives six 80-frame chunks for the drift table and plot.
 
 Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
 first frame and noise, the next episode's control — a model that follows its control must lose
@@ -54,6 +59,7 @@ class EvalConfig:
     fvd: bool = True
     text: str | None = None  # one umT5 embedding for every prompt
     text_embeddings: str | None = None  # or DIR/<sha256(prompt)>.safetensors
+    chunk_frames: int = report.CHUNK_FRAMES  # drift: PSNR per chunk of this many frames (1..c, c+1..2c, ...)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -65,8 +71,9 @@ class EvalConfig:
         if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
             raise ValueError(f"--frames must be ≥ 2, --steps and --max-episodes ≥ 1; got {self.frames}, "
                              f"{self.steps}, {self.max_episodes}")
-        if self.shift_frames < 1:
-            raise ValueError(f"--shift-frames must be ≥ 1, got {self.shift_frames}")
+        if self.shift_frames < 1 or self.chunk_frames < 1:
+            raise ValueError(f"--shift-frames and --chunk-frames must be ≥ 1, got {self.shift_frames}, "
+                             f"{self.chunk_frames}")
 
 
 def _frames_for(cfg: EvalConfig, available: int) -> int:
@@ -92,7 +99,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     for i, name in enumerate(tqdm(todo, desc=f"eval {cfg.model}", unit="episode", disable=not todo)):
         partner = names[(names.index(name) + 1) % len(names)] if cfg.swap else None
         _evaluate_episode(cfg, out, name, runner, partner)
-    return report.write_report(out, names, config=_config_record(cfg))
+    return report.write_report(out, names, config=_config_record(cfg), chunk_frames=cfg.chunk_frames)
 
 
 def _runner(cfg: EvalConfig):

@@ -31,10 +31,20 @@ from rynn_jax import errors
 from rynn_jax.sim import scenes
 
 
+CACHE_ENV = "RYNN_JAX_SIM_COMPILE_CACHE"  # set by --compile-cache; spawned workers inherit it
+
+
 def _setup_worker() -> None:
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    if os.environ.get(CACHE_ENV):
+        # Each worker compiles the scripted operator and the retargeting (≈ 40 s on one core, 176
+        # programs) before its first episode; with a shared persistent cache only the first process
+        # of a machine pays that, and every later worker and generation round loads the executables.
+        from rynn_jax import compile_cache
+
+        compile_cache.enable(os.environ[CACHE_ENV])
 
 
 def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, frames: int,
@@ -106,18 +116,22 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
         return sum(1 for task in inflight.values() if task == t)
 
     def submit_ready(submit) -> None:
-        for t in tasks:
-            while succ[t] + pending(t) < n and (workers <= 1 or len(inflight) < workers):
-                while next_attempt[t] in done[t]:
-                    next_attempt[t] += 1
-                if next_attempt[t] >= max_attempts:
-                    break
-                k = next_attempt[t]
+        # Always the task furthest behind (successes + attempts in flight, then attempts made), so
+        # that a run stopped at any moment holds about as many episodes of every task.
+        while workers <= 1 and not inflight or len(inflight) < workers:
+            open_tasks = [t for t in tasks if succ[t] + pending(t) < n and next_attempt[t] < max_attempts]
+            if not open_tasks:
+                return
+            t = min(open_tasks, key=lambda task: (succ[task] + pending(task), next_attempt[task], tasks.index(task)))
+            while next_attempt[t] in done[t]:
                 next_attempt[t] += 1
-                fut = submit(t, k)
-                inflight[fut] = t
-                if workers <= 1:
-                    return
+            if next_attempt[t] >= max_attempts:
+                continue  # re-evaluated: t is no longer open
+            k = next_attempt[t]
+            next_attempt[t] += 1
+            inflight[submit(t, k)] = t
+            if workers <= 1:
+                return
 
     def record(rec: dict) -> None:
         t = rec["task"]
@@ -182,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--shadows", action=argparse.BooleanOptionalAction, default=None,
                    help="key-light shadows (default: on except at tiny resolution)")
     g.add_argument("--max-attempts", type=int, default=None, help="per task (default 3N + 5)")
+    g.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="persistent XLA compilation cache shared by the workers (the first worker's "
+                        "compilation serves every later worker and run)")
     a = ap.parse_args(argv)
     try:
         parse_resolution(a.resolution)
@@ -196,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         raise errors.UsageError(f"--n {a.n}, --workers {a.workers}, --frames {a.frames}, --max-attempts "
                                 f"{a.max_attempts}: need n ≥ 1, workers ≥ 0, frames ≥ 2, max-attempts ≥ 1")
     errors.writable_dir(a.out, "--out")
+    if a.compile_cache:
+        errors.writable_dir(a.compile_cache, "--compile-cache")
+        os.environ[CACHE_ENV] = os.path.abspath(a.compile_cache)
     summary = generate(tasks, a.n, a.out, workers=a.workers, resolution=a.resolution, frames=a.frames,
                        seed=a.seed, shadows=a.shadows, max_attempts=a.max_attempts)
     print(json.dumps(summary, indent=1))

@@ -106,13 +106,18 @@ def write_action_stats(root: str | os.PathLike) -> dict:
     return stats
 
 
-def read_ground_truth(directory: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Depth (metres, float32), flow (float32), segmentation labels and names of an exported episode."""
+def read_ground_truth(directory: str | os.PathLike, missing_ok: bool = False) -> dict[str, np.ndarray]:
+    """Depth (metres, float32), flow (float32), segmentation labels and names of an exported episode.
+    `missing_ok`: leave out the kinds whose file is absent (a copy without depth/flow) instead of raising."""
     d = Path(directory)
-    with np.load(d / DEPTH_FILE) as z:
-        depth = z["depth_mm"].astype(np.float32) / 1000.0
-    with np.load(d / FLOW_FILE) as z:
-        flow = z["flow"].astype(np.float32)
-    with np.load(d / SEG_FILE) as z:
-        labels, names = z["labels"], [str(n) for n in z["names"]]
-    return {"depth": depth, "flow": flow, "labels": labels, "names": names}
+    gt: dict[str, np.ndarray] = {}
+    if not missing_ok or (d / DEPTH_FILE).exists():
+        with np.load(d / DEPTH_FILE) as z:
+            gt["depth"] = z["depth_mm"].astype(np.float32) / 1000.0
+    if not missing_ok or (d / FLOW_FILE).exists():
+        with np.load(d / FLOW_FILE) as z:
+            gt["flow"] = z["flow"].astype(np.float32)
+    if not missing_ok or (d / SEG_FILE).exists():
+        with np.load(d / SEG_FILE) as z:
+            gt["labels"], gt["names"] = z["labels"], [str(n) for n in z["names"]]
+    return gt

@@ -4,15 +4,18 @@ Runs both halves of the engine on one recorded stream: the skeleton it implies i
 the head camera and drives the world model from the reference image; the same stream is
 retargeted by IK to the robot's joints. Output: synchronized frames and actions at 16 fps.
 
-With no weights given it uses tiny randomly initialised networks (nothing can be downloaded):
-the pipeline, shapes, timing and actions are real, the pictures are not. Pass directories made by
-`python -m rynn_jax.convert` (a DiT with a control branch and the VAE) for real generation.
+With no weights given it uses the bundled trained student and autoencoder of the synthetic world
+(`weights/synthetic/{student,autoencoder}`, `teleop.student`) at the resolution they were trained
+for, streamed block by block as they were distilled; when they are absent, or with
+`--random-weights`, tiny randomly initialised networks (the pipeline, shapes, timing and actions
+are real, the pictures are not). Pass directories made by `python -m rynn_jax.convert` (a DiT with a
+control branch and the VAE) or by `rynn_jax.distill.export` (a student) for other weights.
 
 `--world sim` (demo v0 of the synthetic world, `rynn_jax.sim`): generates one MuJoCo episode
 (scripted operator → stream → retarget → simulate → render), renders its skeleton video, and runs
-the causal student (`teleop.streaming.StreamingSession`, tiny and untrained unless weights are
-given) from the episode's first frame; writes the generated, ground-truth and skeleton videos
-side by side and the 54-D actions.
+the causal student (`teleop.streaming.StreamingSession`) from the episode's first frame; writes
+the generated, ground-truth and skeleton videos side by side and the 54-D actions, and reports the
+generated frames' PSNR against the ground truth (next to a copy of the first frame's).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import read_png, save_png, save_video
+from rynn_jax.teleop import student as student_lib
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
 from rynn_jax.text import empty_context, load_text_context
@@ -49,6 +53,37 @@ from rynn_jax.text import empty_context, load_text_context
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "sample"
 STREAM_FILE, IMAGE_FILE = "operator_stream.npz", "reference.png"
 PIXEL_MULTIPLE = 32  # height and width: the VAE's 16× spatial downsampling × the DiT's 2×2 patches
+TINY_SIM_RESOLUTION = (96, 160)  # --world sim / generate with the tiny random networks
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """Which networks a command runs: directories (None, None: the tiny random ones)."""
+    dit: str | None
+    vae: str | None
+    spec: student_lib.StudentSpec | None  # a student's serving layout (None: the demo's tiny rolling one)
+    label: str  # for summaries
+
+    def resolution(self, fallback: tuple[int, int]) -> tuple[int, int]:
+        """The size the weights were trained at (a student's spec says), else `fallback`."""
+        return tuple(self.spec.resolution) if self.spec and self.spec.resolution else fallback
+
+
+def choose_weights(dit: str | None, vae: str | None, random_weights: bool = False) -> Weights:
+    """--dit/--vae when given; else the bundled student + autoencoder when present (one line on
+    stderr when not); `random_weights`: the tiny random networks, bundled weights or not."""
+    if random_weights:
+        if dit is not None or vae is not None:
+            raise errors.UsageError("--random-weights: not with --dit / --vae")
+        return Weights(None, None, None, "tiny random (--random-weights)")
+    if dit is None and vae is None:
+        bundled = student_lib.find_bundled()
+        if bundled is None:
+            print(student_lib.absent_message(), file=sys.stderr)
+            return Weights(None, None, None, "tiny random (no bundled weights)")
+        return Weights(bundled.student, bundled.autoencoder, bundled.spec, "bundled student")
+    spec = student_lib.read_spec(dit) if dit is not None and os.path.isdir(dit) else None
+    return Weights(dit, vae, spec, "student" if spec else "converted")
 
 
 def check_resolution(height: int, width: int, flag: str = "--resolution") -> None:
@@ -144,38 +179,53 @@ def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp
 
 
 def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool = False,
-                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None):
-    """The causal student as a `StreamingSession` (not compiled yet): 2-frame blocks, a 4-frame
-    rolling cache, no re-anchoring. Layers are unrolled for converted weights only (faster serving,
-    slower compiles: the tiny random model's short rollouts are dominated by compile time).
-    `tae`: an official taew2_2 checkpoint decodes instead of the VAE."""
-    dit_model, vae_model = build_modules(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
+                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None,
+                      random_weights: bool = False):
+    """The causal student as a `StreamingSession` (not compiled yet), on the weights
+    `choose_weights` picks: a student streams in the layout it was distilled for (its
+    `student.json`), other networks in 2-frame blocks with a 4-frame rolling cache. Layers are
+    unrolled for loaded weights only (faster serving, slower compiles: the tiny random model's short
+    rollouts are dominated by compile time). `tae`: an official taew2_2 checkpoint decodes instead
+    of the VAE."""
+    w = choose_weights(dit, vae, random_weights)
+    dit_model, vae_model = build_modules(w.dit, w.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                         vae_fp8_scales=vae_fp8_scales)
     decoder = None
     if tae:
         from rynn_jax.models.tae_weights import load_tae
 
         decoder = load_tae(tae)
-    return serving_session(dit_model, vae_model, decoder=decoder, unroll_layers=dit is not None)
+    return serving_session(dit_model, vae_model, spec=w.spec, decoder=decoder, unroll_layers=w.dit is not None)
 
 
-def serving_session(dit_model, vae_model, *, decoder=None, unroll_layers: bool = True):
-    """The demo's and `serve.py generate`'s `StreamingSession` around built modules: 2-frame
-    blocks, a 4-frame rolling cache, no re-anchoring, the served step (`SERVING_STEPS`)."""
+def serving_session(dit_model, vae_model, *, spec: student_lib.StudentSpec | None = None, decoder=None,
+                    unroll_layers: bool = True):
+    """The demo's and `serve.py generate`'s `StreamingSession` around built modules, with the
+    served step (`SERVING_STEPS`): a student's own layout (`spec`: blocks, cache, steps, chunk
+    re-anchoring), else 2-frame blocks, a 4-frame rolling cache, no re-anchoring."""
     from rynn_jax.models import causal
     from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
 
-    return StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
-                                                                      policy="rolling"),
-                            SERVING_STEPS, chunk_frames=None, unroll_layers=unroll_layers, decoder=decoder)
+    if spec is None:
+        return StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
+                                                                          policy="rolling"),
+                                SERVING_STEPS, chunk_frames=None, unroll_layers=unroll_layers, decoder=decoder)
+    steps = dataclasses.replace(SERVING_STEPS, num_steps=spec.steps.num_steps, shift=spec.steps.shift,
+                                solver=spec.steps.solver, merge_clean_pass=spec.steps.solver == "x0_euler")
+    return StreamingSession(dit_model, vae_model, spec.causal, steps, chunk_frames=spec.chunk_frames,
+                            unroll_layers=unroll_layers, decoder=decoder)
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
         fp8_scales: str | None = None, vae_fp8_scales: str | None = None,
-        resolution: tuple[int, int] | None = None) -> dict:
+        resolution: tuple[int, int] | None = None, random_weights: bool = False) -> dict:
     """`resolution` (H, W): the reference picture is resized and centre-cropped to it (as
-    `serve.py generate` does); default: the picture's own size. Every input is read and checked
-    before a model is built; the outputs appear together at the end (nothing on a failure)."""
+    `serve.py generate` does); default: the size a student was trained at, else the picture's own.
+    A student (the bundled one, or `--dit` with a `student.json`) streams block by block through
+    `StreamingSession`; other DiTs sample the clip bidirectionally (`WorldModel`). Every input is
+    read and checked before a model is built; the outputs appear together at the end (nothing on a
+    failure)."""
     if num_frames < 1 or (num_frames - 1) % 4:
         raise errors.UsageError(f"--frames {num_frames}: must be 1 + 4k (the VAE's temporal stride)",
                                 fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
@@ -185,7 +235,8 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     streams.check(stream, str(sample_dir / STREAM_FILE))
     reference = read_reference(sample_dir / IMAGE_FILE)
     t_video = video_times(stream, num_frames)
-    height, width = resolution or reference.shape[:2]
+    weights = choose_weights(dit, vae, random_weights)
+    height, width = resolution or weights.resolution(reference.shape[:2])
     check_resolution(height, width, "--resolution" if resolution else f"{sample_dir / IMAGE_FILE}: size")
     errors.writable_dir(out, "--out")
     if (height, width) != reference.shape[:2]:
@@ -204,7 +255,12 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
         bar.update()
 
     stage("load")
-    model = build_world_model(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
+    if weights.spec is not None:  # a student: streamed as served
+        model = streaming_session(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                  vae_fp8_scales=vae_fp8_scales)
+    else:
+        model = build_world_model(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                  vae_fp8_scales=vae_fp8_scales)
     context = (load_text_context(text, model.dit_cfg.text_len, model.dit_cfg.text_dim) if text
                else empty_context(model.dit_cfg.text_len, model.dit_cfg.text_dim))
     done("load")
@@ -221,14 +277,20 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     done("retarget")
 
     stage("world model")
-    sampling = SamplingConfig(num_steps=steps)
-    video = model.generate(jax.random.key(seed), reference, skeleton, context, sampling)
+    if weights.spec is not None:
+        from rynn_jax.teleop.generate import rollout
+
+        sampling = {"student": student_lib.StudentSpec.to_json(weights.spec)}
+        video = rollout(model, reference[None], skeleton[None], np.asarray(context)[None], jax.random.key(seed))[0]
+    else:
+        sampling = dataclasses.asdict(SamplingConfig(num_steps=steps))
+        video = model.generate(jax.random.key(seed), reference, skeleton, context, SamplingConfig(num_steps=steps))
     done("world model")
 
     stage("write")
     summary = {
         "frames": int(video.shape[0]), "resolution": [height, width], "actions_shape": list(actions.shape),
-        "sampling": dataclasses.asdict(sampling), "weights": "converted" if dit else "tiny random (demo)",
+        "sampling": sampling, "weights": weights.label,
         "dit_fp8": fp8, "dit_fp8_activations": model.dit_cfg.fp8_activations if fp8 else None,
         "ik_pos_err_mm_median": float(np.median(retargeted["ik_pos_err"][:num_frames]) * 1e3),
         "hand_tip_err_mm_median": float(np.median(retargeted["hand_tip_err"][:num_frames]) * 1e3),
@@ -248,15 +310,19 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
 
 def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
-            height: int = 96, width: int = 160, episode_frames: int | None = None,
+            height: int | None = None, width: int | None = None, episode_frames: int | None = None,
             dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None,
-            fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> dict:
+            fp8_scales: str | None = None, vae_fp8_scales: str | None = None, random_weights: bool = False) -> dict:
     """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame.
+    `height`/`width` default to the student's training size (the tiny networks: 96×160).
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
     autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE."""
-    check_resolution(height, width)
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
+    weights = choose_weights(dit, vae, random_weights)
+    if height is None or width is None:
+        height, width = weights.resolution(TINY_SIM_RESOLUTION)
+    check_resolution(height, width)
     from rynn_jax.sim import episode as sim_episode
     from rynn_jax.sim import scenes
     from rynn_jax.teleop.streaming import StreamingSession
@@ -271,8 +337,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     def world_model() -> tuple[StreamingSession, jax.Array]:
         """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
         t0 = time.perf_counter()
-        sess = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
-                                 tae=tae)
+        sess = streaming_session(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                 vae_fp8_scales=vae_fp8_scales, tae=tae, random_weights=weights.dit is None)
         context = empty_context(sess.dit_cfg.text_len, sess.dit_cfg.text_dim)[None]
         sess.compile((1, height, width, 3), context.shape)
         timings["world_model_build_compile"] = time.perf_counter() - t0
@@ -313,7 +379,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     fps = int(streams.VIDEO_FPS)
     summary = {"world": "sim", "task": task, "seed": seed, "episode_success": ep.success,
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
-               "actions_shape": list(actions.shape), "weights": "converted" if dit else "tiny random (demo)",
+               "actions_shape": list(actions.shape), "weights": weights.label,
+               **psnr_vs_truth(video, truth),
                "dit_fp8": fp8, "dit_fp8_activations": session.dit_cfg.fp8_activations if fp8 else None,
                "decoder": "tiny autoencoder" if tae else "vae",
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
@@ -328,6 +395,17 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                             actions=actions, states=ep.states[:n], t=ep.t[:n], action_names=np.asarray(ACTION_NAMES))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def psnr_vs_truth(video: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """Mean PSNR (dB) of frames 1.. (frame 0 is the given reference) against the ground truth, and
+    of the copy-first-frame baseline (a world model that never moves), by the evaluation's metric."""
+    from rynn_jax.eval import metrics
+
+    if len(video) < 2:
+        return {}
+    mean = lambda pred: round(metrics.video_mean(metrics.psnr(pred, truth), skip_first=True), 3)  # noqa: E731
+    return {"psnr_vs_truth_db": mean(video), "copy_first_frame_psnr_db": mean(np.repeat(truth[:1], len(truth), 0))}
 
 
 def height_width(text: str) -> tuple[int, int]:
@@ -348,15 +426,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=8, help="sampler steps (the reference uses 50)")
     p.add_argument("--seed", type=int, default=0, help="noise and tiny-model init")
     p.add_argument("--sample", default=str(SAMPLE_DIR), help="directory with operator_stream.npz + reference.png")
-    p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
-    p.add_argument("--vae", default=None, help="converted VAE directory")
+    p.add_argument("--dit", default=None, help="converted DiT or exported student directory (default: the "
+                   "bundled student, weights/synthetic/student, when present)")
+    p.add_argument("--vae", default=None, help="converted VAE directory (default: the bundled autoencoder)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="tiny random networks instead of the bundled weights (shape and timing work)")
     p.add_argument("--text", default=None, help="precomputed umT5 embedding (.safetensors)")
     p.add_argument("--world", default="sample", choices=["sample", "sim"],
                    help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
     p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
     p.add_argument("--resolution", default=None, type=height_width,
-                   help="HxW, multiples of 32 (default: 96x160 for --world sim, the reference picture's size "
-                        "(480x832) for the sample)")
+                   help="HxW, multiples of 32 (default: the bundled student's 128x224; with tiny random "
+                        "networks 96x160 for --world sim, the reference picture's size (480x832) for the sample)")
     p.add_argument("--episode-frames", type=int, default=None,
                    help="--world sim: episode length (default 113 = 7 s); shorter runs faster, e.g. in CI")
     p.add_argument("--fp8", action="store_true",
@@ -377,10 +458,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
-        height, width = a.resolution or (96, 160)
+        height, width = a.resolution or (None, None)
         summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae,
-                          fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales)
+                          fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales,
+                          random_weights=a.random_weights)
         print(json.dumps(summary, indent=1))
         print(f"outputs in {os.path.abspath(a.out)}:\n"
               "  side_by_side.mp4  generated | ground truth | skeleton\n"
@@ -390,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales,
-                  vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution)
+                  vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution, random_weights=a.random_weights)
     print(json.dumps(summary, indent=1))
     print(f"outputs in {os.path.abspath(a.out)}:\n"
           "  side_by_side.mp4  generated | skeleton\n"

@@ -3,6 +3,9 @@
     python serve.py generate --streams DIR --out DIR [--batch 4] [--frames 81] [--dit DIR --vae DIR]
                              [--format robot|lerobot|rlds]
 
+Weights: `--dit/--vae`, else the bundled student + autoencoder (`teleop.student`) at the
+resolution they were trained for, else (absent, or `--random-weights`) tiny random networks.
+
 Input: every directory under `--streams` that holds `operator_stream.npz` (a recorded
 `rynn-teleop-stream/1` file whose meta has the head camera pose `T_world_camera`) and
 `reference.png` (the robot's head-camera view the episode starts from, resized and centre-cropped to
@@ -80,8 +83,10 @@ from rynn_jax.sim.export import vectors, write_action_stats
 from rynn_jax.teleop.demo import (
     IMAGE_FILE,
     STREAM_FILE,
+    TINY_SIM_RESOLUTION,
     check_model_flags,
     check_resolution,
+    choose_weights,
     height_width,
     read_reference,
     streaming_session,
@@ -260,12 +265,13 @@ def _done(directory: Path) -> bool:
 
 
 def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int = 33, seed: int = 0,
-             height: int = 96, width: int = 160, image: Path | None = None, task_description: str | None = None,
+             height: int | None = None, width: int | None = None, image: Path | None = None,
+             task_description: str | None = None,
              dit: str | None = None, vae: str | None = None, text: str | None = None,
              text_embeddings: str | None = None, fp8: bool = False, fp8_scales: str | None = None,
              vae_fp8_scales: str | None = None, tae: str | None = None, pipeline: bool = True,
              session: StreamingSession | None = None, text_encoder: str | None = None,
-             tokenizer: str | None = None) -> dict:
+             tokenizer: str | None = None, random_weights: bool = False) -> dict:
     """Generate every episode not yet finished under `out`; returns the run's summary.
 
     `pipeline`: while the world model runs a batch, threads prepare the next batch's streams
@@ -273,13 +279,17 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     waits for the one before. Both give the same episodes. `session`: an already built
     `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`.
     `text_encoder`: a umT5 checkpoint encoding each stream's prompt (`tokenizer`: its
-    SentencePiece model, default the one beside it)."""
+    SentencePiece model, default the one beside it). `height`/`width` default to the student's
+    training size (tiny random networks: 96×160); `random_weights`: see `demo.choose_weights`."""
     # Every flag and shared file checked before anything is built or compiled.
     if batch < 1 or num_frames < 1:
         raise errors.UsageError(f"--batch {batch} / --frames {num_frames}: must be ≥ 1")
-    check_resolution(height, width)
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae,
                       text=text)
+    chosen = None if session is not None else choose_weights(dit, vae, random_weights)
+    if height is None or width is None:
+        height, width = chosen.resolution(TINY_SIM_RESOLUTION) if chosen else TINY_SIM_RESOLUTION
+    check_resolution(height, width)
     if text and text_embeddings:
         raise errors.UsageError("--text / --text-embeddings: give one, not both")
     if text_encoder and (text or text_embeddings):
@@ -305,10 +315,10 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     todo = [(d, n) for d, n in zip(dirs, names) if not _done(out / n)]
     rcfg = RenderConfig(width=width, height=height)
     K = np.asarray(default_intrinsics(rcfg), np.float32)
-    weights = "given session" if session is not None else "converted" if dit else "tiny random (demo)"
+    weights = "given session" if session is not None else chosen.label
     if todo and session is None:  # built up front (its text sizes pick each stream's context), compiled at the first batch
-        session = streaming_session(dit, vae, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales,
-                                    tae=tae)
+        session = streaming_session(chosen.dit, chosen.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
+                                    vae_fp8_scales=vae_fp8_scales, tae=tae, random_weights=chosen.dit is None)
     encoder = load_text_encoder(text_encoder, tokenizer, max_len=session.dit_cfg.text_len,
                                 dtype=session.dit_cfg.dtype) if todo and text_encoder else None
     contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
@@ -428,13 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
     p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
     p.add_argument("--frames", type=int, default=33, help="video frames per episode")
-    p.add_argument("--resolution", default=(96, 160), type=height_width,
-                   help="HxW of the generated video (480x832 for the released models)")
+    p.add_argument("--resolution", default=None, type=height_width,
+                   help="HxW of the generated video (default: the bundled student's 128x224; tiny random "
+                        "networks 96x160; 480x832 for the released models)")
     p.add_argument("--image", default=None, help="one reference picture for every stream (else each dir's reference.png)")
     p.add_argument("--task-description", default=None, help="metadata text (default: each stream's meta)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
+    p.add_argument("--random-weights", action="store_true",
+                   help="tiny random networks instead of the bundled weights (shape and timing work)")
     p.add_argument("--text", default=None, help="one precomputed umT5 embedding (.safetensors) for every stream")
     p.add_argument("--text-embeddings", default=None, metavar="DIR",
                    help="per-stream prompts: DIR/<sha256(task description)>.safetensors (data/README.md)")
@@ -459,13 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     episodes = Path(a.out) / "episodes" if a.format != "robot" else Path(a.out)
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
-    height, width = a.resolution
+    height, width = a.resolution or (None, None)
     summary = generate(Path(a.streams), episodes, batch=a.batch, num_frames=a.frames, seed=a.seed,
                        height=height, width=width, image=Path(a.image) if a.image else None,
                        task_description=a.task_description, dit=a.dit, vae=a.vae, text=a.text,
                        text_embeddings=a.text_embeddings, fp8=a.fp8,
                        fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales, tae=a.tae,
-                       pipeline=not a.sequential, text_encoder=a.text_encoder, tokenizer=a.tokenizer)
+                       pipeline=not a.sequential, text_encoder=a.text_encoder, tokenizer=a.tokenizer,
+                       random_weights=a.random_weights)
     if a.format != "robot" and summary["episodes_in_out"]:  # what finished is exported, failures or not
         summary["export"] = formats_export.export(a.format, str(episodes), os.path.join(a.out, a.format), a)
     print(json.dumps(summary, indent=1))

@@ -77,7 +77,11 @@ def check(cfg: Any) -> None:
         model = cfg.model.base if isinstance(cfg.model, WanDiT4DConfig) else cfg.model
         check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", model)
     if getattr(cfg, "phase", "") == "dmd" and cfg.student_from:
-        check_checkpoint_dir(cfg.student_from, "student_from")
+        from rynn_jax import checkpoints
+        if checkpoints.is_converted_dir(cfg.student_from):  # exported student weights
+            check_converted_weights(cfg.student_from, "student_from", cfg.model)
+        else:  # a phase-A run
+            check_checkpoint_dir(cfg.student_from, "student_from")
     if cfg.log.sample_every and cfg.log.sample_vae not in ("", "tiny"):
         errors.existing(cfg.log.sample_vae, "log.sample_vae")
     for field, path in (("ckpt.dir", cfg.ckpt.dir), ("log.dir", cfg.log.dir)):

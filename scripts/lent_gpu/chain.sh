@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
-# of: heldout data autoencoder preencode teacher export), DATA_SECONDS (data generation runs in the
-# background until then), DATA_WORKERS, AE_START_EPISODES (the autoencoder starts once this many
-# training episodes exist), AE_SECONDS / TEACHER_SECONDS (then SIGINT: save and stop), AE_INIT /
-# TEACHER_INIT (exported weights to continue from), PREENCODE_WORKERS.
+# of: heldout data autoencoder preencode teacher export distill_a distill_b distill_export),
+# DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
+# (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
+# DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
+# (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
+# see deliver.sh), STUDENT_INIT (an exported student phase B continues from; phase A is skipped),
+# PREENCODE_WORKERS, INIT_WAIT. Pre-encoding without an autoencoder stage and distillation without a
+# teacher stage use the committed ones (init/). A distillation lease is
+# STAGES="data preencode distill_a distill_b distill_export".
 set -u
 REPO=$(pwd); S=$REPO/scripts/synthetic_world_model.sh
 export WORKDIR=${WORKDIR:-/tmp/work} PYTHONPATH=$REPO:${PYTHONPATH:-}
@@ -13,9 +18,16 @@ T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[t=$(el)s $(date +%H:%M:%S)] $*"; }
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 count() { ls -d data/synthetic/train/*/episode_?????? 2>/dev/null | wc -l; }
-for w in autoencoder teacher; do  # weights committed to the repository (e.g. the autoencoder a teacher lease trains on)
-  [ -e "weights/synthetic/$w" ] || [ ! -d "$REPO/weights/synthetic/$w" ] || { mkdir -p weights/synthetic; cp -r "$REPO/weights/synthetic/$w" weights/synthetic/; }
-done
+. "$REPO/scripts/lent_gpu/deliver.sh"
+deliver "$REPO"
+need() {  # need DIR: the stage waits for weights a later call delivers; the chain stops if they never come
+  await_init "$1" && return 0
+  log "$1 missing after ${INIT_WAIT:-900} s: stopping"; log ALLDONE; exit 1
+}
+use() {   # use NAME: weights/synthetic/NAME from init/NAME, unless a stage of this lease made it
+  [ -e "weights/synthetic/$1" ] && return 0
+  need "init/$1"; mkdir -p weights/synthetic; cp -r "init/$1" weights/synthetic/; log "using the committed $1"
+}
 log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 has heldout && { WORKERS=16 $S heldout > out/heldout.log 2>&1; log "held-out: $(ls -d data/synthetic/heldout/*/episode_?????? | wc -l) episodes"; }
 DPID=
@@ -32,6 +44,7 @@ stop_data() {
 }
 if has autoencoder; then
   while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  [ -z "${AE_INIT:-}" ] || need "$AE_INIT"
   log "autoencoder starts with $(count) episodes"
   init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
   timeout --signal=INT --kill-after=240 "${AE_SECONDS:-900}" \
@@ -43,15 +56,21 @@ if has autoencoder; then
 fi
 stop_data
 if has preencode; then
+  use autoencoder
   $S text > out/text.log 2>&1; log "text rc=$?"
   PREENCODE_WORKERS=${PREENCODE_WORKERS:-8} $S preencode > out/preencode.log 2>&1
   log "preencode rc=$? $(ls data/synthetic/latents | wc -l) files"
 fi
 if has teacher; then
+  [ -z "${TEACHER_INIT:-}" ] || need "$TEACHER_INIT"
   init=${TEACHER_INIT:+--set ckpt.init_from=$TEACHER_INIT}
   timeout --signal=INT --kill-after=120 "${TEACHER_SECONDS:-600}" \
     python3 "$REPO/train.py" --config "$REPO/configs/synthetic_teacher.py" $init > out/teacher.log 2>&1
   log "teacher rc=$?"
 fi
 has export && { $S export > out/export.log 2>&1; log "export rc=$?"; }
+has teacher || ! { has distill_a || has distill_b; } || use teacher
+has distill_a && { DISTILL_A_SECONDS=${DISTILL_A_SECONDS:-480} $S distill_a > out/distill_a.log 2>&1; log "distill A rc=$?"; }
+has distill_b && { DISTILL_B_SECONDS=${DISTILL_B_SECONDS:-600} $S distill_b > out/distill_b.log 2>&1; log "distill B rc=$?"; }
+has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "distill export rc=$?"; }
 log ALLDONE

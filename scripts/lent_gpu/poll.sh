@@ -2,6 +2,7 @@
 # Later calls: wait up to WAIT seconds for the chain to end, show the logs; pack when it has ended
 # (or PACK=1). `--now`: no wait, no pack.
 WORKDIR=${WORKDIR:-/tmp/work}
+. scripts/lent_gpu/deliver.sh && deliver "$(pwd)"  # committed weights this call's tree carries
 if [ "${1:-}" != --now ]; then
   end=$(( $(date +%s) + ${WAIT:-540} ))
   while [ "$(date +%s)" -lt $end ] && ! grep -q ALLDONE "$WORKDIR/out/chain.log"; do sleep 5; done

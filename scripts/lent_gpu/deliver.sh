@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sourced by chain.sh and poll.sh. Weights committed to the repository reach the lease through
+# `deliver REPO_COPY`: each of weights/synthetic/{autoencoder,teacher,student} is copied, once and
+# atomically, to $WORKDIR/init/<name>. The first call's tree may lack them (wheels and weights
+# together exceed the 64 MiB a call carries): a later call's poll.sh then delivers them, and the
+# stages that need them wait (`await_init`).
+WORKDIR=${WORKDIR:-/tmp/work}
+deliver() {
+  local w
+  for w in autoencoder teacher student; do
+    [ -e "$WORKDIR/init/$w" ] || [ ! -f "$1/weights/synthetic/$w/config.json" ] || {
+      mkdir -p "$WORKDIR/init"; rm -rf "$WORKDIR/init/.$w"
+      cp -r "$1/weights/synthetic/$w" "$WORKDIR/init/.$w" && mv "$WORKDIR/init/.$w" "$WORKDIR/init/$w"
+      echo "delivered init/$w"; }
+  done
+}
+await_init() {  # await_init DIR: wait (INIT_WAIT seconds at most) for DIR/config.json
+  local end=$(( $(date +%s) + ${INIT_WAIT:-900} ))
+  while [ ! -f "$1/config.json" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  [ -f "$1/config.json" ]
+}
