@@ -53,7 +53,7 @@ def main() -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax import export
+    from rynn_jax import step_export
     from rynn_jax.models import causal, fp8
     from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
     from rynn_jax.teleop import streaming
@@ -97,7 +97,7 @@ def main() -> None:
         start = jax.jit(streaming.make_start(graphdef, ccfg), compiler_options=opts)
         state = start(params, ref, ctx)
         t0 = time.perf_counter()
-        step = export.compile_aot(streaming.make_step(graphdef, ccfg, scfg), params, state, control, rng,
+        step = step_export.compile_aot(streaming.make_step(graphdef, ccfg, scfg), params, state, control, rng,
                                   donate_argnums=(1,), name=f"step/{policy}", compiler_options=opts)
         results[f"compile_s/{policy}"] = time.perf_counter() - t0
         anchor = jax.jit(streaming.anchor_state, donate_argnums=0)

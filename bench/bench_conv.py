@@ -1,5 +1,5 @@
 """The VAE decoder's big causal 3×3×3 convs: XLA (cuDNN, today's `fold2d` path) vs our Hopper
-implicit-GEMM kernel (models/conv_kernel.py) in bf16 and FP8, side by side in one process.
+implicit-GEMM kernel (kernels/conv_kernel.py) in bf16 and FP8, side by side in one process.
 
     python bench/bench_conv.py --out bench/results/conv_kernel_h200.json
     python bench/bench_conv.py --sweep --shapes 240x416x256      # a few tile configurations
@@ -62,7 +62,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from rynn_jax.models import conv_kernel as ck
+    from rynn_jax.kernels import conv_kernel as ck
     from rynn_jax.models import vae as V
     from rynn_jax.models.fp8 import FP8_MAX
 

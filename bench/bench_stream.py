@@ -15,7 +15,7 @@ warm-up chunks. The render is compiled for each block length before any clock st
 Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact Wan2.2 VAE for the
 tiny autoencoder of the same latent space (models/tae.py) on that side.
 `--vae-conv kernel_fp8 --vae-fp8-static` decodes with our FP8 conv kernel and calibrated static
-scales (models/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
+scales (kernels/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
 Blocks run as served (`streaming.SERVING_STEPS`: each block's clean cache pass merged into the
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, write_json  # noqa: E402
 
-from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
+from rynn_jax.kernels.conv_kernel import TILE_PRESETS  # noqa: E402
 
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
@@ -48,8 +48,8 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny, synthetic=a.synthetic,
-               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_impl,
-               vae_conv_fp8_scales=vae_cfg.conv_fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
+               unrolled_layers=not a.no_unroll, vae_conv_impl=vae_cfg.conv_name,
+               vae_conv_fp8_scales=vae_cfg.kernel_conv and vae_cfg.kernel_conv.fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
                token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
                vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
@@ -62,7 +62,7 @@ def calibrate_vae_static(vae, height: int, width: int):
     DiT's, of about that range). Returns (model, JSON row)."""
     import jax
 
-    from rynn_jax.models import vae_fp8
+    from rynn_jax.kernels import vae_fp8
 
     stride = vae.cfg.spatial_stride
     z = jax.random.normal(jax.random.key(2), (1, 2, height // stride, width // stride, vae.cfg.z_dim))
@@ -70,7 +70,7 @@ def calibrate_vae_static(vae, height: int, width: int):
     scales = vae_fp8.calibrate(vae, vae_fp8.decode_clip, [z])
     row = dict(calibration_s=time.perf_counter() - t0, convs=len(scales))
     print(f"vae fp8 calibration: {row['convs']} convs in {row['calibration_s']:.1f} s", flush=True)
-    return vae_fp8.with_static_scales(vae, scales, conv_impl=vae.cfg.conv_impl), row
+    return vae_fp8.with_static_scales(vae, scales, conv_impl=vae.cfg.conv_name), row
 
 
 def calibrate_static(dit_float, dit_fp8, latent_shape: tuple[int, ...], ctx, checks: Checks):
@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="concurrent sessions (one executable each)")
     p.add_argument("--no-unroll", action="store_true",
                    help="keep the DiT's layer scan rolled (shorter compile, slower steps; see dit.unrolled)")
-    p.add_argument("--vae-conv", default=None, help="WanVAEConfig.conv_impl (default: the config's)")
+    p.add_argument("--vae-conv", default=None, help="VAE conv_impl (kernels/vae_conv.py; default: the config's)")
     p.add_argument("--vae-fp8-static", action="store_true",
                    help="with --vae-conv kernel_fp8 (or emulate_fp8): the decoder's FP8 convs with static activation "
                         "scales (vae_fp8.calibrate on random latents at the session's size, not timed)")
@@ -209,7 +209,7 @@ def main() -> None:
                    help="StreamingSession.compile() before start (reported as precompile_s: every program "
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
     p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
-                   help="VAE kernel convs: this conv_kernel.TILE_PRESETS entry instead of SERVING_TILES")
+                   help="VAE kernel convs: this conv_kernel.TILE_PRESETS entry instead of KernelConv's SERVING_TILES")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.conv_tiles and not (a.vae_conv or "").startswith("kernel"):
@@ -235,6 +235,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from rynn_jax.kernels import vae_conv
     from rynn_jax.models.causal import CausalConfig
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.vae import WanVAEConfig, init_vae
@@ -249,24 +250,22 @@ def main() -> None:
         compile_cache.enable(a.compile_cache)
         print(f"compilation cache {a.compile_cache}: {cache_entries_at_start} entries at start", flush=True)
 
-    if a.conv_tiles:  # read when the VAE's convs are traced
-        from rynn_jax.models import conv_kernel
-
-        conv_kernel.SERVING_TILES = conv_kernel.TILE_PRESETS[a.conv_tiles]
     dtype = a.dtype or ("float32" if a.tiny else "bfloat16")
-    vae_over = {} if a.vae_conv is None else {"conv_impl": a.vae_conv}
     if a.synthetic:  # float32 master weights as exported, `dtype` compute (the bundled config: bfloat16)
         from configs import synthetic
 
-        vae_cfg = WanVAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS, dtype=dtype, **vae_over)
+        vae_cfg = WanVAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS, dtype=dtype)
         dit_cfg = synthetic.teacher_model(dtype=dtype, token_multiple=a.token_multiple)
     elif a.tiny:
-        vae_cfg = WanVAEConfig.tiny(**vae_over)
+        vae_cfg = WanVAEConfig.tiny()
         dit_cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4,
                                     token_multiple=a.token_multiple)
     else:
-        vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype, **vae_over)
+        vae_cfg = WanVAEConfig.wan22(dtype=dtype, param_dtype=dtype)
         dit_cfg = WanDiTConfig.ti2v_5b(control="add-plus", dtype=dtype, param_dtype=dtype, token_multiple=a.token_multiple)
+    if a.vae_conv is not None:
+        tiles = {} if a.conv_tiles is None else {"tiles": TILE_PRESETS[a.conv_tiles]}
+        vae_cfg = vae_conv.configure(vae_cfg, a.vae_conv, **tiles)
     dit, vae = init_dit(dit_cfg, 0), init_vae(vae_cfg, 0)
     vae_calibration = None
     if a.vae_fp8_static:

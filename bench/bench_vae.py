@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, decode_streamed, time_ms, write_json  # noqa: E402
 
-from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
+from rynn_jax.kernels.conv_kernel import TILE_PRESETS  # noqa: E402
 
 
 def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: int, width: int,
@@ -122,17 +122,19 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
 
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
               tiny: bool = False, checks: Checks | None = None, codec: str = "vae",
-              conv_impl: str = "fold2d", fp8_static: bool = False) -> list[dict]:
+              conv_impl: str = "fold2d", fp8_static: bool = False, conv_tiles: str | None = None) -> list[dict]:
     """`codec`: "vae" (the exact Wan2.2 VAE, models/vae.py) or "tae" (the tiny autoencoder of the
     same latent space, models/tae.py); both modules have the same streaming functions. `conv_impl`:
-    the VAE's `WanVAEConfig.conv_impl` (same weights for every choice: same seed). `fp8_static`:
-    kernel_fp8 with static activation scales calibrated on the timed clip (models/vae_fp8.py)."""
+    the VAE's conv_impl (kernels/vae_conv.py; same weights for every choice: same seed). `fp8_static`:
+    kernel_fp8 with static activation scales calibrated on the timed clip (kernels/vae_fp8.py).
+    `conv_tiles`: a conv_kernel.TILE_PRESETS name for the kernel conv_impls (None: SERVING_TILES)."""
     import functools
 
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    from rynn_jax.kernels import vae_conv
     from rynn_jax.models import tae, vae
 
     if codec == "tae":
@@ -141,15 +143,16 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         model = tae.init_tae(cfg, 0)
     else:
         V, impl = vae, "jax" if conv_impl == "fold2d" else f"jax {conv_impl}"
-        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype,
-                                                                          conv_impl=conv_impl)
+        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+        tiles = {} if conv_tiles is None or conv_impl in vae.XLA_CONV_IMPLS else {"tiles": TILE_PRESETS[conv_tiles]}
+        cfg = vae_conv.configure(cfg, conv_impl, **tiles)
         model = vae.init_vae(cfg, 0)
     frames = 1 + 4 * (latent_frames - 1)
     key = jax.random.key(0)
     z = jax.random.normal(key, (1, latent_frames, height // 16, width // 16, cfg.z_dim), jnp.float32)
     video = jnp.clip(jax.random.normal(key, (1, frames, height, width, 3), jnp.float32), -1, 1)
     if codec == "vae" and conv_impl == "kernel_fp8" and fp8_static:
-        from rynn_jax.models import vae_fp8
+        from rynn_jax.kernels import vae_fp8
 
         model = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, vae_fp8.decode_clip, [z[:, :2]]))
         cfg, impl = model.cfg, f"{impl} static"
@@ -213,18 +216,14 @@ def main() -> None:
     p.add_argument("--codec", nargs="+", choices=["vae", "tae"], default=["vae"],
                    help="vae: the exact Wan2.2 VAE; tae: the tiny autoencoder (models/tae.py)")
     p.add_argument("--conv-impls", nargs="+", default=["fold2d"],
-                   help="WanVAEConfig.conv_impl values to time (vae codec), e.g. fold2d kernel_bf16 kernel_fp8")
+                   help="VAE conv_impl values to time (kernels/vae_conv.py), e.g. fold2d kernel_bf16 kernel_fp8")
     p.add_argument("--vae-fp8-static", action="store_true",
-                   help="kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
+                   help="kernel_fp8 with calibrated static activation scales (kernels/vae_fp8.py)")
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
                    help="kernel conv_impls: this conv_kernel.TILE_PRESETS entry instead of SERVING_TILES")
     p.add_argument("--out", default="bench/results/vae.json")
     a = p.parse_args()
-    if a.conv_tiles:  # read when the VAE's convs are traced
-        from rynn_jax.models import conv_kernel
-
-        conv_kernel.SERVING_TILES = conv_kernel.TILE_PRESETS[a.conv_tiles]
     if a.only_torch:
         print("JSON" + json.dumps(bench_torch(a.latent_frames, a.height, a.width)))
         return
@@ -242,7 +241,8 @@ def main() -> None:
     for codec in a.codec:
         for conv_impl in a.conv_impls if codec == "vae" else ["fold2d"]:
             rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny,
-                              checks, codec=codec, conv_impl=conv_impl, fp8_static=a.vae_fp8_static)
+                              checks, codec=codec, conv_impl=conv_impl, fp8_static=a.vae_fp8_static,
+                              conv_tiles=a.conv_tiles)
     print(f"\n{'impl':18s} {'op':56s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:18s} {r['op']:56s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")

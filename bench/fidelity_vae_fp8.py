@@ -51,8 +51,8 @@ def main() -> None:
     import jax.numpy as jnp
     from flax import nnx
 
+    from rynn_jax.kernels import vae_conv, vae_fp8
     from rynn_jax.models import vae as V
-    from rynn_jax.models import vae_fp8
 
     if a.weights:
         from rynn_jax.models.vae_weights import load_vae
@@ -63,8 +63,8 @@ def main() -> None:
     else:
         model = V.init_vae(V.WanVAEConfig.wan22(), 0)
     cfg = model.cfg
-    if cfg.dtype != "float32" or cfg.conv_impl != "fold2d":
-        model = V.vae_from_params(dataclasses.replace(cfg, dtype="float32", conv_impl="fold2d"),
+    if cfg.dtype != "float32" or cfg.conv_name != "fold2d":
+        model = V.vae_from_params(dataclasses.replace(cfg, dtype="float32", conv_impl="fold2d", kernel_conv=None),
                                   nnx.to_pure_dict(nnx.state(model)))
         cfg = model.cfg
     frames = 1 + cfg.temporal_stride * (a.latents - 1)
@@ -84,7 +84,7 @@ def main() -> None:
     ref = decode_whole(model)
     scales = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z_calib])
     variants = {
-        "fp8, per-call scales": V.vae_from_params(dataclasses.replace(cfg, conv_impl="emulate_fp8"),
+        "fp8, per-call scales": V.vae_from_params(vae_conv.configure(cfg, "emulate_fp8"),
                                                   nnx.to_pure_dict(nnx.state(model))),
         "fp8, static scales": vae_fp8.with_static_scales(model, scales, conv_impl="emulate_fp8"),
     }

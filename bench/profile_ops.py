@@ -33,7 +33,7 @@ from _harness import time_ms, write_json  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from rynn_jax.models.conv_kernel import TILE_PRESETS  # noqa: E402
+from rynn_jax.kernels.conv_kernel import PROLOGUE_PRESETS, TILE_PRESETS  # noqa: E402
 
 _CATEGORIES = (  # first match wins, on the lower-cased kernel name
     ("attention", r"flash|fmha|_attn|attention|sdpa"),
@@ -227,6 +227,7 @@ def _fp8_conv_rows(x: jax.Array, k: jax.Array, bias: jax.Array, flops: float, it
 
 
 def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
+    from rynn_jax.kernels import vae_conv
     from rynn_jax.models import vae as V
 
     shapes = ([(1, 4, 16, 24, 16)] if tiny else
@@ -238,21 +239,21 @@ def target_conv(tiny: bool, iters: int, fp8: bool = False) -> list[dict]:
         k = (jax.random.normal(key, (3, 3, 3, c, c), jnp.float32) * 0.02).astype(jnp.bfloat16)
         bias = jnp.zeros((c,), jnp.bfloat16)
         flops = 2 * 27 * c * c * b * t * h * w
-        for impl in V.conv_impls_for(jax.default_backend()):
-            cfg = V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
-            f = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))
+        for impl in vae_conv.conv_impls_for(jax.default_backend()):
+            cfg = vae_conv.configure(V.WanVAEConfig.wan22(dtype="bfloat16", param_dtype="bfloat16"), impl)
+            f = jax.jit(lambda x, k, bias, cfg=cfg: vae_conv.bare_conv(cfg, x, k, bias))
             f(x, k, bias).block_until_ready()
             ms = statistics.median(time_ms(lambda: jax.block_until_ready(f(x, k, bias)), 3, iters))
             rows.append(dict(shape=[b, t, h, w, c], impl=impl, ms=ms, tflops=flops / ms / 1e9))
             print(f"conv {rows[-1]['shape']} {impl:10s} {ms:8.3f} ms  {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
         if fp8:
             rows += _fp8_conv_rows(x, k, bias, flops, iters)
-        ref = jax.jit(lambda x, k, bias: V._conv(
-            x, k, bias, V.WanVAEConfig.wan22(dtype="float32", conv_impl="3d"), pad_hw=((1, 1), (1, 1))))
+        ref = jax.jit(lambda x, k, bias: vae_conv.bare_conv(V.WanVAEConfig.wan22(dtype="float32", conv_impl="3d"),
+                                                            x, k, bias))
         y_ref = ref(x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
-        for impl in V.conv_impls_for(jax.default_backend()):
-            cfg = V.WanVAEConfig.wan22(dtype="float32", conv_impl=impl)
-            y = jax.jit(lambda x, k, bias, cfg=cfg: V._conv(x, k, bias, cfg, pad_hw=((1, 1), (1, 1))))(
+        for impl in vae_conv.conv_impls_for(jax.default_backend()):
+            cfg = vae_conv.configure(V.WanVAEConfig.wan22(dtype="float32"), impl)
+            y = jax.jit(lambda x, k, bias, cfg=cfg: vae_conv.bare_conv(cfg, x, k, bias))(
                 x.astype(jnp.float32), k.astype(jnp.float32), bias.astype(jnp.float32))
             err = float(jnp.linalg.norm(y - y_ref) / jnp.linalg.norm(y_ref))
             print(f"     {impl:10s} fp32 rel-L2 vs 3d: {err:.2e}")
@@ -324,85 +325,73 @@ def target_dit(tiny: bool, iters: int, frames: int, unrolls: list[int], fp8: boo
     return out
 
 
-_PROLOGUES = {  # name: conv_kernel.(FP8_PROLOGUE, FP8_PACKED, FP8_PROLOGUE_BARRIER)
-    "pad_first": ("pad_first", False, False), "pad_first_packed": ("pad_first", True, False),
-    "quantize_first": ("quantize_first", False, True), "quantize_first_fused": ("quantize_first", False, False),
-    "quantize_first_packed": ("quantize_first", True, True),
-    "quantize_first_packed_fused": ("quantize_first", True, False),
-}
-
-
 def target_vae(tiny: bool, iters: int, which: str, impls: list[str], branches: tuple[bool, ...] = (False,),
                fp8_static: bool = False, prologues: tuple[str | None, ...] = (None,),
                tile_sets: tuple[str | None, ...] = (None,)) -> dict:
-    """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (models/vae_fp8.py,
+    """`fp8_static`: conv_impl kernel_fp8 with calibrated activation scales (kernels/vae_fp8.py,
     calibrated on one random clip through the per-call model) instead of per-call max|x|.
-    `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out (_PROLOGUES;
-    None: conv_kernel's defaults); `tile_sets`: kernel impls' tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES);
+    `prologues`: kernel_fp8 variants of how conv inputs are quantized and laid out
+    (conv_kernel.PROLOGUE_PRESETS names; None: KernelConv's default); `tile_sets`: kernel impls'
+    tiles (conv_kernel.TILE_PRESETS names; None: SERVING_TILES);
     `branches`: static_branch values per variant (True: the later-chunk program alone, first=False,
     instead of the lax.cond), sharing each variant's model and calibration."""
     import functools
 
     from flax import nnx
 
-    from rynn_jax.models import conv_kernel as ck
+    from rynn_jax.kernels import conv_kernel as ck
+    from rynn_jax.kernels import vae_conv, vae_fp8
     from rynn_jax.models import vae as V
-    from rynn_jax.models import vae_fp8
 
     out = {}
     h, w = (64, 96) if tiny else (480, 832)
     runs = [(impl, pro, tiles_name) for impl in impls for pro in (prologues if impl == "kernel_fp8" else (None,))
             for tiles_name in (tile_sets if impl.startswith("kernel") else (None,))]
     scales = {}  # static FP8 scales per impl: the knobs below change no value
-    defaults = (ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES)
-    try:
-        for impl, prologue, tiles_name in runs:
-            # conv_kernel's knobs, read when the step below is traced; None: its defaults
-            ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER = _PROLOGUES[prologue] if prologue else defaults[:3]
-            ck.SERVING_TILES = ck.TILE_PRESETS[tiles_name] if tiles_name else defaults[3]
-            cfg = (V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
-                dtype="bfloat16", param_dtype="bfloat16", conv_impl=impl)
-            model = V.init_vae(cfg, 0)
-            key = jax.random.key(0)
-            static = fp8_static and impl == "kernel_fp8"
-            if static:
-                z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
-                if impl not in scales:
-                    scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
-                model = vae_fp8.with_static_scales(model, scales[impl])
-            graphdef, params = nnx.split(model)
-            if which == "decode":
-                chunk, init_cache = V.decode_chunk, V.init_decode_cache
-                x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
-            else:
-                chunk, init_cache = V.encode_chunk, V.init_encode_cache
-                x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
-            for static_branch in branches:  # False: lax.cond on the step counter; True: the later-chunk program alone
-                step = jax.jit(functools.partial(chunk, graphdef, **({"first": False} if static_branch else {})))
-                cache = init_cache(cfg, 1, h, w)
-                # past the first chunk (the later-chunk program cannot run it: the first-chunk one does)
-                warm = step if not static_branch else jax.jit(functools.partial(chunk, graphdef, first=True))
-                _, cache = warm(params, cache, x)
-                t0 = time.perf_counter()
-                jax.block_until_ready(step(params, cache, x))
-                res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
-                res["first_call_s"] = time.perf_counter() - t0
+    for impl, prologue, tiles_name in runs:
+        knobs = {**({"prologue": ck.PROLOGUE_PRESETS[prologue]} if prologue else {}),
+                 **({"tiles": ck.TILE_PRESETS[tiles_name]} if tiles_name else {})}  # none: KernelConv's defaults
+        cfg = vae_conv.configure((V.WanVAEConfig.tiny if tiny else V.WanVAEConfig.wan22)(
+            dtype="bfloat16", param_dtype="bfloat16"), impl, **knobs)
+        model = V.init_vae(cfg, 0)
+        key = jax.random.key(0)
+        static = fp8_static and impl == "kernel_fp8"
+        if static:
+            z = jax.random.normal(key, (1, 2, h // 16, w // 16, cfg.z_dim), jnp.float32)
+            if impl not in scales:
+                scales[impl] = vae_fp8.calibrate(model, vae_fp8.decode_clip, [z], progress=False)
+            model = vae_fp8.with_static_scales(model, scales[impl])
+        graphdef, params = nnx.split(model)
+        if which == "decode":
+            chunk, init_cache = V.decode_chunk, V.init_decode_cache
+            x = jax.random.normal(key, (1, 1, h // 16, w // 16, cfg.z_dim), jnp.float32)
+        else:
+            chunk, init_cache = V.encode_chunk, V.init_encode_cache
+            x = jnp.clip(jax.random.normal(key, (1, 4, h, w, 3), jnp.float32), -1, 1)
+        for static_branch in branches:  # False: lax.cond on the step counter; True: the later-chunk program alone
+            step = jax.jit(functools.partial(chunk, graphdef, **({"first": False} if static_branch else {})))
+            cache = init_cache(cfg, 1, h, w)
+            # past the first chunk (the later-chunk program cannot run it: the first-chunk one does)
+            warm = step if not static_branch else jax.jit(functools.partial(chunk, graphdef, first=True))
+            _, cache = warm(params, cache, x)
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(params, cache, x))
+            res = kernel_breakdown(lambda: step(params, cache, x), iters, top=60)
+            res["first_call_s"] = time.perf_counter() - t0
 
-                def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
-                    c = cache
-                    for _ in range(n):
-                        y, c = step(params, c, x)
-                    jax.block_until_ready(y)
-                # throughput when the host queues calls ahead (as a streaming server does), per call
-                res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
-                name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
-                        + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
-                        + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
-                        + (", static branch" if static_branch else ""))
-                _print(name, res)
-                out[name] = res
-    finally:  # later targets run the defaults again
-        ck.FP8_PROLOGUE, ck.FP8_PACKED, ck.FP8_PROLOGUE_BARRIER, ck.SERVING_TILES = defaults
+            def chained(n: int = 8):  # the stream's own dependency: each call takes the last one's cache
+                c = cache
+                for _ in range(n):
+                    y, c = step(params, c, x)
+                jax.block_until_ready(y)
+            # throughput when the host queues calls ahead (as a streaming server does), per call
+            res["pipelined_ms"] = statistics.median(time_ms(chained, 1, 3)) / 8
+            name = (f"vae {which} chunk {h}x{w}, conv_impl={impl}" + (", static FP8 scales" if static else "")
+                    + (f", FP8 prologue {prologue}" if prologue is not None and len(prologues) > 1 else "")
+                    + (f", tiles {tiles_name}" if tiles_name is not None and len(tile_sets) > 1 else "")
+                    + (", static branch" if static_branch else ""))
+            _print(name, res)
+            out[name] = res
     return out
 
 
@@ -470,9 +459,9 @@ def main() -> None:
                         "'only': that program alone")
     p.add_argument("--fp8", action="store_true", help="dit: also profile the FP8 model (fp8.quantize_dit)")
     p.add_argument("--vae-fp8-static", action="store_true",
-                   help="vae_*: kernel_fp8 with calibrated static activation scales (models/vae_fp8.py)")
-    p.add_argument("--fp8-prologue", nargs="+", choices=sorted(_PROLOGUES), default=None,
-                   help="vae_*: kernel_fp8 variants of conv_kernel.FP8_PROLOGUE / FP8_PACKED / FP8_PROLOGUE_BARRIER")
+                   help="vae_*: kernel_fp8 with calibrated static activation scales (kernels/vae_fp8.py)")
+    p.add_argument("--fp8-prologue", nargs="+", choices=sorted(PROLOGUE_PRESETS), default=None,
+                   help="vae_*: kernel_fp8 variants of conv_kernel.Fp8Prologue (order, packed, barrier)")
     p.add_argument("--conv-tiles", nargs="+", choices=sorted(TILE_PRESETS), default=None,
                    help="vae_*: kernel impls' tile variants (conv_kernel.SERVING_TILES: order, 2-CTA clusters, "
                         "stages, hk = horizontal taps read in the kernel)")
@@ -483,9 +472,9 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
 
-    from rynn_jax.models import vae as V
+    from rynn_jax.kernels import vae_conv
 
-    impls = a.conv_impls or list(V.conv_impls_for(jax.default_backend()))
+    impls = a.conv_impls or list(vae_conv.conv_impls_for(jax.default_backend()))
     result: dict = dict(backend=jax.default_backend(), jax=jax.__version__,
                         device=str(jax.devices()[0].device_kind), argv=sys.argv[1:])
     if "conv" in a.targets:

@@ -42,6 +42,9 @@ def load_config(path: str | os.PathLike[str], cls: type) -> Any:
     name = raw.pop("__class__", cls.__name__)
     if name != cls.__name__:
         raise ValueError(f"{path} holds a {name}, not a {cls.__name__}")
+    for key, old_default in getattr(cls, "DROPPED_FIELDS", {}).items():  # written by older versions
+        if raw.get(key, old_default) == old_default:
+            raw.pop(key, None)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:

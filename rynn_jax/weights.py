@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+from flax import nnx
 from safetensors import safe_open
+from tqdm import tqdm
 
 from rynn_jax.errors import InputError
 
@@ -222,7 +223,6 @@ def convert_state_dict(
 
 def abstract_pure_params(abstract_state: Any) -> dict[str, Any]:
     """`nnx.State` of ShapeDtypeStructs → pure nested dict with str keys (scan layers are arrays)."""
-    from flax import nnx
 
     pure = nnx.to_pure_dict(abstract_state)
     return unflatten_params(flatten_params(pure))

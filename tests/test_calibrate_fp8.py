@@ -149,7 +149,7 @@ def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
 
     from rynn_jax import checkpoints
     from rynn_jax.models import vae as V
-    from rynn_jax.models import vae_fp8
+    from rynn_jax.kernels import vae_fp8
     from rynn_jax.models.vae_weights import load_vae
 
     cfg = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
@@ -181,7 +181,7 @@ def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
         np.testing.assert_allclose(scales[k], direct[k], rtol=1e-6, err_msg=k)
 
     served = vae_fp8.load_static(vae, str(out))
-    assert (served.cfg.conv_impl, served.cfg.conv_fp8_scales) == (vae_fp8.serving_conv_impl(), "static")
+    assert (served.cfg.conv_name, served.cfg.kernel_conv.fp8_scales) == (vae_fp8.serving_conv_impl(), "static")
     y = vae_fp8.decode_clip(served, jnp.asarray(windows[0]))
     assert y.shape == (1, 1 + cfg.temporal_stride, 8, 16, 3) and bool(jnp.isfinite(y).all())
 

@@ -540,7 +540,7 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     """A pixel step with the Wan VAE encoding and the tiny autoencoder decoding (StreamingSession's
     `decoder=`): its frames are tae.decode of the latents the latent-level step makes from the same
     encoded skeleton; a codec whose latents the DiT cannot take is refused."""
-    from rynn_jax.models import tae
+    from rynn_jax.models import tae, tae_weights
     from rynn_jax.models.vae import WanVAEConfig, init_vae
 
     dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
@@ -550,7 +550,7 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     fan_in = lambda a: np.prod(a.shape[:-1]) if len(a.shape) > 1 else 100.0  # noqa: E731  (HWIO kernels)
     tiny = tae.tae_from_params(tcfg, jax.tree.map(  # LeCun-scaled: rounding differences stay small
         lambda a: (rng.standard_normal(a.shape) * np.sqrt(1 / fan_in(a))).astype(np.float32),
-        tae.abstract_params(tcfg)))
+        tae_weights.abstract_params(tcfg)))
     ccfg, scfg = causal.CausalConfig(frames_per_block=2, window_frames=3), streaming.StepConfig(num_steps=1)
     enc, enc_params = streaming.Codec.split(vae)
     dec, dec_params = streaming.Codec.split(tiny)

@@ -1,4 +1,4 @@
-"""The Hopper implicit-GEMM causal conv (models/conv_kernel.py).
+"""The Hopper implicit-GEMM causal conv (kernels/conv_kernel.py) and its place in the VAE (kernels/vae_conv.py).
 
 On the CPU the kernel runs in Mosaic GPU's interpret mode (simulated warpgroups, TMA and wgmma) and
 is held to XLA's float32 conv of the same rounded operands; both dtypes are also lowered for CUDA,
@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rynn_jax.models import conv_kernel as ck
+from rynn_jax.kernels import conv_kernel as ck
+from rynn_jax.kernels import vae_conv
 from rynn_jax.models.fp8 import FP8_MAX
 
 SMALL = ck.ConvTiles(tile_m=64, tile_n=64, stages=2, epi_n=64, num_sms=2)
@@ -170,7 +171,7 @@ def test_bench_runs_and_checks_on_a_cpu(tmp_path):
 
 
 def test_vae_conv_impl_routes_through_the_kernel():
-    """WanVAEConfig.conv_impl="kernel_bf16": vae._conv sends the k×3×3 stride-1 convs it can to the
+    """The kernel injected into the VAE (vae_conv.configure(cfg, "kernel_bf16")): vae._conv sends the k×3×3 stride-1 convs it can to the
     kernel (streaming with a cache, and 'valid' in time without one), the rest to fold2d. (FP8 in
     the same place: next test — the interpreter cannot run its K-major weight tiles.)"""
     impl = "kernel_bf16"
@@ -179,55 +180,52 @@ def test_vae_conv_impl_routes_through_the_kernel():
     from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
     from rynn_jax.models import vae as V
 
-    cfg = V.WanVAEConfig.tiny(dtype="bfloat16", conv_impl=impl)
+    cfg = vae_conv.configure(V.WanVAEConfig.tiny(dtype="bfloat16"), impl)
     ref_cfg = V.WanVAEConfig.tiny(dtype="float32", conv_impl="3d")
     x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
     bias = jnp.linspace(-1, 1, 64)
     tol = 5e-3
     pad = ((1, 1), (1, 1))
     with force_gpu_interpret_mode():
-        streamed = V._conv(x.astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad, past=past)
-        valid = V._conv(jnp.concatenate([past, x], 1).astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad)
-    want = V._conv(x, wt, bias, ref_cfg, pad_hw=pad, past=past)
+        streamed = vae_conv.bare_conv(cfg, x.astype(jnp.bfloat16), wt, bias, pad_hw=pad, past=past)
+        valid = vae_conv.bare_conv(cfg, jnp.concatenate([past, x], 1).astype(jnp.bfloat16), wt, bias, pad_hw=pad)
+    want = vae_conv.bare_conv(ref_cfg, x, wt, bias, pad_hw=pad, past=past)
     if jax.default_backend() != "gpu":  # outside interpret mode a CPU refuses it (Pallas's error)
         with pytest.raises(ValueError, match="interpret mode"):
-            V._conv(x.astype(jnp.bfloat16), wt, bias, cfg, pad_hw=pad, past=past)
-        assert impl not in V.conv_impls_for("cpu") and impl in V.conv_impls_for("gpu")
+            vae_conv.bare_conv(cfg, x.astype(jnp.bfloat16), wt, bias, pad_hw=pad, past=past)
+        assert impl not in vae_conv.conv_impls_for("cpu") and impl in vae_conv.conv_impls_for("gpu")
     assert streamed.shape == want.shape and rel_l2(streamed, want) < tol
     assert rel_l2(valid, want) < tol
     # channel counts off the kernel's tiles (N = 12) go to fold2d: same result as fold2d, no Mosaic call
     odd = wt[..., :12]
-    got = V._conv(x.astype(jnp.bfloat16), odd, bias[:12], cfg, pad_hw=pad, past=past.astype(jnp.bfloat16))
-    fold = V._conv(x.astype(jnp.bfloat16), odd, bias[:12], V.WanVAEConfig.tiny(dtype="bfloat16"), pad_hw=pad,
-                   past=past.astype(jnp.bfloat16))
+    got = vae_conv.bare_conv(cfg, x.astype(jnp.bfloat16), odd, bias[:12], pad_hw=pad, past=past.astype(jnp.bfloat16))
+    fold = vae_conv.bare_conv(V.WanVAEConfig.tiny(dtype="bfloat16"), x.astype(jnp.bfloat16), odd, bias[:12], pad_hw=pad,
+                              past=past.astype(jnp.bfloat16))
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(fold, np.float32))
 
 
 def test_vae_fp8_conv_impl_lowers_to_the_kernel():
     from rynn_jax.models import vae as V
 
-    cfg = V.WanVAEConfig.tiny(dtype="bfloat16", conv_impl="kernel_fp8")
+    cfg = vae_conv.configure(V.WanVAEConfig.tiny(dtype="bfloat16"), "kernel_fp8")
     x, past, wt = _case(1, 2, 6, 10, 128, 128, 3)
-    f = jax.jit(lambda x, p, w: V._conv(x, w, jnp.zeros((w.shape[-1],)), cfg, pad_hw=((1, 1), (1, 1)), past=p))
+    f = jax.jit(lambda x, p, w: vae_conv.bare_conv(cfg, x, w, jnp.zeros((w.shape[-1],)), past=p))
     assert "mosaic_gpu" in f.trace(x, past, wt).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" not in f.trace(x, past, wt[..., :12]).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("prologue,packed,barrier", [("pad_first", True, False), ("quantize_first", False, True),
-                                                     ("quantize_first", True, True), ("quantize_first", True, False)])
-def test_fp8_prologue_variants_give_the_same_bits(monkeypatch, prologue, packed, barrier):
+@pytest.mark.parametrize("name", ["pad_first_packed", "quantize_first", "quantize_first_packed",
+                                  "quantize_first_packed_fused"])
+def test_fp8_prologue_variants_give_the_same_bits(name):
     """The ways of building the FP8 input rows (quantize before or after padding, bytes moved one by
     one or as uint32 words) are layouts of the same values: bit-identical outputs, per-call scale."""
     x, past, wt = _case(1, 2, 6, 10, 128, 64, 3)
-    run = lambda: np.asarray(ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, tiles=SMALL,  # noqa: E731
-                                            interpret=_interpret()), np.float32)
-    monkeypatch.setattr(ck, "FP8_PROLOGUE", "pad_first")  # the plainest layout is the reference
-    monkeypatch.setattr(ck, "FP8_PACKED", False)
-    want = run()
-    monkeypatch.setattr(ck, "FP8_PROLOGUE", prologue)
-    monkeypatch.setattr(ck, "FP8_PACKED", packed)
-    monkeypatch.setattr(ck, "FP8_PROLOGUE_BARRIER", barrier)
-    np.testing.assert_array_equal(run(), want)
+    run = lambda prologue: np.asarray(ck.causal_conv(x, wt, past, dtype=jnp.float8_e4m3fn, tiles=SMALL,  # noqa: E731
+                                                     prologue=prologue, interpret=_interpret()), np.float32)
+    want = run(ck.PROLOGUE_PRESETS["pad_first"])  # the plainest layout is the reference
+    np.testing.assert_array_equal(run(ck.PROLOGUE_PRESETS[name]), want)
+    with pytest.raises(ValueError, match="Fp8Prologue.order"):
+        ck.Fp8Prologue(order="pad_last")
 
 
 def test_tile_presets_are_what_their_names_say():
@@ -241,3 +239,24 @@ def test_tile_presets_are_what_their_names_say():
         x_rows, _, plan, _ = ck.prepare(x, wt, past, dtype=jnp.float8_e4m3fn, x_scale=0.01, tiles=tiles)
         assert plan.kw == (3 if tiles.taps_in_kernel else 1) and plan.blocks == (2 if tiles.order == "frames" else 1)
         assert x_rows.shape[-1] == (128 if tiles.taps_in_kernel else 3 * 128), name  # stacked taps: 3·C
+
+
+def test_kernel_conv_settings_reach_the_kernel(monkeypatch):
+    """The kernel's knobs are KernelConv fields, passed down on every call: the tiles (fitted to the
+    conv's N) and the FP8 prologue a config names are the ones causal_conv receives."""
+    seen = {}
+
+    def fake(x, w, past, **kw):
+        seen.update(kw)
+        return jnp.zeros((*x.shape[:4], w.shape[-1]), jnp.bfloat16)
+
+    monkeypatch.setattr(ck, "causal_conv", fake)
+    from rynn_jax.models import vae as V
+
+    cfg = vae_conv.configure(V.WanVAEConfig.tiny(dtype="bfloat16"), "kernel_fp8", tiles=ck.TILE_PRESETS["rows_c2"],
+                             prologue=ck.PROLOGUE_PRESETS["pad_first"])
+    x, past, wt = _case(1, 2, 6, 10, 128, 128, 3)
+    vae_conv.bare_conv(cfg, x, wt, jnp.zeros((128,)), past=past)
+    assert seen["prologue"] == ck.Fp8Prologue(order="pad_first", packed=False, barrier=False)
+    assert seen["tiles"] == ck.fitted_tiles(128, ck.TILE_PRESETS["rows_c2"]) and seen["tiles"].tile_n == 128
+    assert seen["dtype"] == jnp.float8_e4m3fn

@@ -13,7 +13,7 @@ from flax import nnx
 from rynn_jax.weights import flatten_params
 from rynn_jax.models import dit
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
-from rynn_jax.models import fp8
+from rynn_jax.models import fp8_linear
 from rynn_jax.models.fp8 import calibrate, fp8_matmul, quantize_dit, quantize_weight
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -205,13 +205,13 @@ def test_calibrate_sets_static_scales_from_observed_amax(tiny, monkeypatch):
     # Oracle: the largest |input| each linear sees, recorded eagerly through fp8_matmul itself
     # (per-token model, per-layer modules) and matched to its layer by the kernel's values.
     seen: list[tuple[np.ndarray, float]] = []
-    real = fp8.fp8_matmul
+    real = fp8_linear.fp8_matmul
 
     def recording(x, w, w_scale, out_dtype, x_scale=None):
         seen.append((np.asarray(w), float(jnp.max(jnp.abs(x.astype(jnp.float32))))))
         return real(x, w, w_scale, out_dtype, x_scale)
 
-    monkeypatch.setattr(fp8, "fp8_matmul", recording)
+    monkeypatch.setattr(fp8_linear, "fp8_matmul", recording)  # what Fp8Linear calls
     per_layer = dit.unrolled(q, fuse_self_qkv=False, fuse_text_kv=False)
     for b in batches:
         per_layer(*b)

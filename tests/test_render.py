@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rynn_jax.render import skeleton as sk
+from rynn_jax.render import skeleton_style as sk
 from rynn_jax.render.rasterize import (
     RenderConfig,
     default_intrinsics,

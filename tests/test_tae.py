@@ -12,6 +12,7 @@ from flax import nnx
 
 from rynn_jax.weights import ConversionError
 from rynn_jax.models import tae as T
+from rynn_jax.models import tae_weights as TW
 
 torch = pytest.importorskip("torch")  # the oracle (and, for checkpoints, the writer) here
 F, nn = torch.nn.functional, torch.nn
@@ -134,8 +135,8 @@ def ours(tmp_path_factory, state_dict):
     root = tmp_path_factory.mktemp("tae")
     torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, root / "taew2_2.pth")
     save_file(state_dict, str(root / "taew2_2.safetensors"))
-    from_pth = nnx.split(T.load_tae(root / "taew2_2.pth", CFG))
-    from_st = nnx.state(T.load_tae(root / "taew2_2.safetensors", CFG), nnx.Param)
+    from_pth = nnx.split(TW.load_tae(root / "taew2_2.pth", CFG))
+    from_st = nnx.state(TW.load_tae(root / "taew2_2.safetensors", CFG), nnx.Param)
     for a, b in zip(jax.tree.leaves(from_pth[1]), jax.tree.leaves(from_st), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     return from_pth
@@ -207,7 +208,7 @@ def test_decode_matches_reference(ref, ours):
 
 def test_bfloat16_model_is_close(state_dict, ours, latents):
     """bf16 parameters and compute, float32 output."""
-    graphdef, params = nnx.split(T.tae_from_state_dict(T.TAEConfig.tiny(), state_dict))
+    graphdef, params = nnx.split(TW.tae_from_state_dict(T.TAEConfig.tiny(), state_dict))
     assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
     got = decode(graphdef, params, latents)
     assert got.dtype == jnp.float32
@@ -282,14 +283,14 @@ def test_streaming_decode_equals_whole_clip(ours, latents):
 def test_loader_errors_name_the_key(state_dict):
     key = "decoder.9.conv.2.weight"
     with pytest.raises(ValueError, match=re.escape(repr(key))):  # missing
-        T.tae_from_state_dict(CFG, {k: v for k, v in state_dict.items() if k != key})
+        TW.tae_from_state_dict(CFG, {k: v for k, v in state_dict.items() if k != key})
     with pytest.raises(ValueError, match=re.escape("'decoder.23.weight'")):  # unexpected
-        T.tae_from_state_dict(CFG, {**state_dict, "decoder.23.weight": np.zeros((3, 3, 3, 3))})
+        TW.tae_from_state_dict(CFG, {**state_dict, "decoder.23.weight": np.zeros((3, 3, 3, 3))})
     for bad in (state_dict[key][:, :-1], state_dict[key][..., 0]):  # wrong size; wrong rank
         with pytest.raises(ConversionError, match=re.escape(repr(key))):
-            T.tae_from_state_dict(CFG, {**state_dict, key: bad})
+            TW.tae_from_state_dict(CFG, {**state_dict, key: bad})
     with pytest.raises(ConversionError, match="1-D bias"):
-        T.tae_from_state_dict(CFG, {**state_dict, "encoder.0.bias": state_dict["encoder.0.bias"][None]})
+        TW.tae_from_state_dict(CFG, {**state_dict, "encoder.0.bias": state_dict["encoder.0.bias"][None]})
 
 
 def test_time_grow_keeps_last_step_channels(state_dict, ours):
@@ -298,7 +299,7 @@ def test_time_grow_keeps_last_step_channels(state_dict, ours):
     key = "decoder.7.conv.weight"  # stride 1 in the Wan2.2 layout
     w = state_dict[key]
     sd = {**state_dict, key: np.concatenate([np.full_like(w, 7.0), w], axis=0)}
-    got = nnx.state(T.tae_from_state_dict(CFG, sd), nnx.Param)
+    got = nnx.state(TW.tae_from_state_dict(CFG, sd), nnx.Param)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ours[1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -330,10 +331,10 @@ def test_full_size_matches_official_layout():
     with torch.device("meta"):
         ref = Reference(cfg)
     shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
-    leaves = jax.tree.leaves(T.abstract_params(cfg))  # ShapeDtypeStructs from nnx.eval_shape
+    leaves = jax.tree.leaves(TW.abstract_params(cfg))  # ShapeDtypeStructs from nnx.eval_shape
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
     assert sum(x.size for x in leaves) == sum(map(np.prod, shapes.values())) == 11_418_108
-    assert sorted(k for r in T.tae_rules(cfg) for k in r.sources) == sorted(shapes)
+    assert sorted(k for r in TW.tae_rules(cfg) for k in r.sources) == sorted(shapes)
     assert shapes["encoder.0.weight"] == (64, 12, 3, 3)
     assert shapes["encoder.2.conv.weight"] == (64, 128, 1, 1)
     assert shapes["encoder.12.conv.weight"] == (64, 64, 1, 1)
@@ -344,4 +345,4 @@ def test_full_size_matches_official_layout():
     assert shapes["decoder.13.conv.weight"] == (256, 128, 1, 1)
     assert shapes["decoder.22.weight"] == (12, 64, 3, 3)
     assert (cfg.temporal_stride, cfg.decoder_temporal_stride, cfg.spatial_stride) == (4, 4, 16)
-    assert T.abstract_params(cfg)["decoder"]["conv_in"]["kernel"].dtype == jnp.bfloat16
+    assert TW.abstract_params(cfg)["decoder"]["conv_in"]["kernel"].dtype == jnp.bfloat16

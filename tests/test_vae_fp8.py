@@ -1,4 +1,4 @@
-"""Static FP8 activation scales for the VAE's kernel convs (models/vae_fp8.py).
+"""Static FP8 activation scales for the VAE's kernel convs (kernels/vae_fp8.py).
 
 A VAE small enough for a CPU whose decoder convs fit the FP8 kernel (128- and 64-channel convs);
 the kernel itself runs in Mosaic GPU's interpret mode where it has to run at all.
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rynn_jax.models import conv_kernel as ck
+from rynn_jax.kernels import conv_kernel as ck
+from rynn_jax.kernels import vae_conv, vae_fp8
 from rynn_jax.models import fp8 as fp8_lib
 from rynn_jax.models import vae as V
-from rynn_jax.models import vae_fp8
 
 CFG = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
 
@@ -46,7 +46,7 @@ def test_calibrated_scales_are_the_largest_inputs_seen(model, monkeypatch):
     assert len(names) >= 8 and all(n.startswith("decoder.") for n in names)
     assert any(n.endswith("upsampler.resample") for n in names)
     assert sorted(scales) == sorted(f"{n}.input_scale" for n in names)
-    assert all(m.input_amax is None for _, m in vae_fp8.kernel_convs(model))  # observers removed
+    assert not any(hasattr(m, "input_amax") for _, m in vae_fp8.kernel_convs(model))  # the model is left as it was
     # a running max over batches: never below one batch's, above it where the 3× batch reaches
     # (convs right after a norm see about the same range either way)
     first = vae_fp8.calibrate(model, _decode, batches[:1], progress=False)
@@ -73,7 +73,7 @@ def test_calibrated_scales_are_the_largest_inputs_seen(model, monkeypatch):
 def test_static_model_and_scales_file(model, tmp_path, monkeypatch, caplog):
     scales = vae_fp8.calibrate(model, _decode, [_latents(1)], progress=False)
     served = vae_fp8.with_static_scales(model, scales)
-    assert (served.cfg.conv_impl, served.cfg.conv_fp8_scales) == ("kernel_fp8", "static")
+    assert (served.cfg.conv_name, served.cfg.kernel_conv.fp8_scales) == ("kernel_fp8", "static")
     assert V.count_params(served) == V.count_params(model)  # scales are not parameters
     name, conv = vae_fp8.kernel_convs(served)[0]
     np.testing.assert_array_equal(np.asarray(conv.input_scale[...]), scales[f"{name}.input_scale"])
@@ -99,7 +99,7 @@ def test_static_model_and_scales_file(model, tmp_path, monkeypatch, caplog):
     assert vae_fp8.serving_conv_impl() == vae_fp8.fp8_conv_impl() == "emulate_fp8"
     monkeypatch.setattr(jax, "devices", lambda *_: [types.SimpleNamespace(platform="gpu", compute_capability="8.0")])
     assert (vae_fp8.serving_conv_impl(), vae_fp8.fp8_conv_impl()) == ("fold2d", "emulate_fp8")
-    with caplog.at_level(logging.WARNING, logger="rynn_jax.models.vae_fp8"):
+    with caplog.at_level(logging.WARNING, logger="rynn_jax.kernels.vae_fp8"):
         assert vae_fp8.load_static(model, str(path)) is model
     assert "unused: the FP8 conv kernel needs a Hopper GPU" in caplog.text
     monkeypatch.setattr(jax, "devices", lambda *_: [types.SimpleNamespace(platform="gpu", compute_capability="9.0")])
@@ -125,8 +125,8 @@ def test_static_model_and_scales_file(model, tmp_path, monkeypatch, caplog):
         vae_fp8.calibrate(model, _decode, [], progress=False)
     with pytest.raises(ValueError, match="no conv of this VAE fits"):
         vae_fp8.calibrate(V.init_vae(V.WanVAEConfig.tiny(), 0), _decode, [_latents(1)], progress=False)
-    with pytest.raises(ValueError, match="needs conv_impl in"):
-        V.WanVAEConfig.tiny(conv_fp8_scales="static")
+    with pytest.raises(ValueError, match="needs impl in"):
+        vae_conv.configure(V.WanVAEConfig.tiny(), "kernel_bf16", fp8_scales="static")
 
 
 def test_static_scale_reaches_the_kernel(monkeypatch):
@@ -136,12 +136,11 @@ def test_static_scale_reaches_the_kernel(monkeypatch):
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
     monkeypatch.setattr(ck, "causal_conv", functools.partial(ck.causal_conv, interpret=InterpretGPUParams()))
-    cfg = V.WanVAEConfig.tiny(dtype="bfloat16", param_dtype="bfloat16", conv_impl="kernel_fp8")
+    bf16 = V.WanVAEConfig.tiny(dtype="bfloat16", param_dtype="bfloat16")
     with nnx.use_eager_sharding(False):
-        per_call = V.CausalConv3d(128, 64, (3, 3, 3), cfg, rngs=nnx.Rngs(0))
-        static = V.CausalConv3d(128, 64, (3, 3, 3), V.WanVAEConfig.tiny(
-            dtype="bfloat16", param_dtype="bfloat16", conv_impl="kernel_fp8", conv_fp8_scales="static"),
-            rngs=nnx.Rngs(0))
+        per_call = V.CausalConv3d(128, 64, (3, 3, 3), vae_conv.configure(bf16, "kernel_fp8"), rngs=nnx.Rngs(0))
+        static = V.CausalConv3d(128, 64, (3, 3, 3), vae_conv.configure(bf16, "kernel_fp8", fp8_scales="static"),
+                                rngs=nnx.Rngs(0))
     assert per_call.input_scale is None and static.input_scale[...].tolist() == [1.0]  # calibration fills it
     k = jax.random.split(jax.random.key(3), 2)
     x = jax.random.normal(k[0], (1, 2, 6, 10, 128), jnp.bfloat16)
@@ -162,14 +161,14 @@ def test_only_the_decoder_takes_the_kernel():
     """The encoder keeps fold2d under a kernel conv_impl (measured slower with the kernel), even
     where its channels would fit; the decoder's convs are the kernel convs, and a calibration that
     never decodes is refused, naming them."""
-    cfg = V.WanVAEConfig.tiny(base_dim=64, decoder_base_dim=64, dim_mult=(1, 2, 2), temporal_downsample=(False, True),
-                              conv_impl="kernel_fp8")
+    cfg = vae_conv.configure(V.WanVAEConfig.tiny(base_dim=64, decoder_base_dim=64, dim_mult=(1, 2, 2),
+                                                 temporal_downsample=(False, True)), "kernel_fp8")
     model = V.init_vae(cfg, 0)
     enc_convs = [m for _, m in nnx.iter_graph(model.encoder) if isinstance(m, (V.CausalConv3d, V.Conv2d))]
     assert any(m.kernel.shape[-2] == 128 for m in enc_convs)  # channels that would fit the kernel
-    assert all(m.cfg.conv_impl == "fold2d" for m in enc_convs)
+    assert all(m.cfg.conv_name == "fold2d" for m in enc_convs)
     dec_convs = [m for _, m in nnx.iter_graph(model.decoder) if isinstance(m, (V.CausalConv3d, V.Conv2d))]
-    assert all(m.cfg.conv_impl == "kernel_fp8" for m in dec_convs)
+    assert all(m.cfg.conv_name == "kernel_fp8" for m in dec_convs)
     names = [n for n, _ in vae_fp8.kernel_convs(model)]
     assert names and all(n.startswith("decoder.") for n in names)
 
@@ -189,13 +188,11 @@ def test_emulated_fp8_decoder_end_to_end(model):
     both decoders sit at FP8 distance from float32 — neither a broken decoder (O(1)) nor a silent
     float path (≈ 0). (Not bit-equal to each other even with scales calibrated on the same clip: the
     two programs round floats differently and FP8's coarse grid amplifies that, ≈ 4e-2 here.)"""
-    import dataclasses
-
     z = _latents(5)
-    per_call = V.vae_from_params(dataclasses.replace(CFG, conv_impl="emulate_fp8"), nnx.to_pure_dict(nnx.state(model)))
+    per_call = V.vae_from_params(vae_conv.configure(CFG, "emulate_fp8"), nnx.to_pure_dict(nnx.state(model)))
     static = vae_fp8.with_static_scales(model, vae_fp8.calibrate(model, _decode, [z, _latents(6)], progress=False),
                                         conv_impl="emulate_fp8")
-    assert static.cfg.conv_impl == "emulate_fp8" and "emulate_fp8" not in V.conv_impls_for("cpu")
+    assert static.cfg.conv_name == "emulate_fp8" and "emulate_fp8" not in vae_conv.conv_impls_for("cpu")
     assert [n for n, _ in vae_fp8.kernel_convs(static)] == [n for n, _ in vae_fp8.kernel_convs(model)]
     dec = lambda m: np.asarray(jax.jit(lambda z: _decode(m, z))(z))  # noqa: E731
     ref = dec(model)
@@ -221,3 +218,20 @@ def test_fidelity_bench_runs_on_a_cpu(tmp_path):
     assert {r["decoder"] for r in res["rows"]} == {"fp8, per-call scales", "fp8, static scales"}
     for r in res["rows"]:
         assert 1e-3 < r["rel_l2"] < 0.3 and 20 < r["psnr_db"] < 70 and r["stream_vs_whole"] < 0.25
+
+
+def test_config_json_of_an_older_version_loads(tmp_path):
+    """A converted VAE's config.json written before the kernel conv was injected (with its
+    conv_fp8_scales field at the old default) loads; a kernel config cannot be stored as JSON."""
+    import json
+
+    from rynn_jax import checkpoints
+
+    raw = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(CFG).items() if k != "kernel_conv"}
+    (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "per_call"}))
+    assert checkpoints.load_config(tmp_path, V.WanVAEConfig) == CFG
+    (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "static"}))
+    with pytest.raises(ValueError, match="does not know"):
+        checkpoints.load_config(tmp_path, V.WanVAEConfig)
+    with pytest.raises(ValueError, match="kernel_conv must be an injected conv"):
+        V.WanVAEConfig.tiny(kernel_conv={"impl": "kernel_fp8"})

@@ -3,7 +3,7 @@
   train     `training.step.jitted_step`: train.py's step, its state shardings and rules table
   distill   `distill.step.jitted_updates`: phase A's warm-up update, or phase B's generator and
             critic updates (two programs; the teacher stays resident across both)
-  serve     the causal student's streaming step as `rynn_jax.export` writes it (layers unrolled),
+  serve     the causal student's streaming step as `rynn_jax.step_export` writes it (layers unrolled),
             `sessions` sessions per replica, parameters in the compute dtype
 
 Nothing is allocated: states come from `jax.eval_shape` of the real init, each leaf a
@@ -107,13 +107,13 @@ def distill(cfg, mesh: Mesh, batch: int, thw: tuple[int, int, int]) -> list[Prog
 
 def serve(model_cfg: WanDiTConfig, ccfg, scfg, mesh: Mesh, rules: tuple, sessions: int,
           latent_hw: tuple[int, int]) -> list[Program]:
-    """The exported streaming step (`export.causal_step_signature`), parameters cast to the compute
+    """The exported streaming step (`step_export.causal_step_signature`), parameters cast to the compute
     dtype and sharded by the rules table; state, control and key replicated over the mesh."""
-    from rynn_jax import export
+    from rynn_jax import step_export
 
     with nnx.use_eager_sharding(False):  # the serving layout, traced: nothing is allocated
         model = nnx.eval_shape(lambda: unrolled(WanDiT(model_cfg, rngs=nnx.Rngs(0))))
-    sig = export.causal_step_signature(model, ccfg, scfg, batch=sessions, latent_hw=latent_hw)
+    sig = step_export.causal_step_signature(model, ccfg, scfg, batch=sessions, latent_hw=latent_hw)
     dtype = jnp.dtype(model_cfg.dtype)
     leaves = [jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
                                    sharding=NamedSharding(mesh, sharding.resolve(tuple(spec), rules, mesh)))

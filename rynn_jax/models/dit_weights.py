@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
+from rynn_jax import checkpoints
 from rynn_jax.weights import (
     ConversionError,
     Fixed,
@@ -47,7 +48,7 @@ from rynn_jax.weights import (
     torch_linear,
 )
 from rynn_jax.models import control
-from rynn_jax.models.dit import WanDiTConfig, abstract_dit
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params
 
 Layout = Literal["diffusers", "wan"]
 # Prefixes some repackaged original checkpoints carry (e.g. ComfyUI's single-file format).
@@ -241,8 +242,6 @@ def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtyp
     architecture from its own config.json when it has one, `checkpoint_dit_config`; `cfg` then adds
     what the file does not say, e.g. the control branch). `stats` names a control statistics record to
     use (default: the converted directory's own, if any). Returns a `WanDiT`."""
-    from rynn_jax import checkpoints
-    from rynn_jax.models.dit import dit_from_params
 
     if checkpoints.is_converted_dir(path):
         saved = checkpoints.load_config(path, WanDiTConfig)

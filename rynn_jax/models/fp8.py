@@ -8,6 +8,7 @@ calibrated scale per linear layer (`calibrate`), which saves the max reduction a
 the quantization into the op that produces the activation. The matmul itself runs on the two FP8
 operands (`fp8_matmul`), the form XLA's GPU GEMM rewriter can hand to cuBLASLt's FP8 GEMM on Hopper.
 Only the serving forward is meant to use this: nothing here is differentiable in a useful way.
+The quantization primitives and the FP8 linear layer itself live in models/fp8_linear.py.
 """
 
 from __future__ import annotations
@@ -17,21 +18,28 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 from tqdm import tqdm
 
+from rynn_jax.models import build
+from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
+from rynn_jax.models.fp8_linear import (FP8, FP8_MAX, Fp8InputAmax, Fp8Linear, amax_scale, fp8_matmul, quantize_weight,
+                                        to_fp8)
 from rynn_jax.weights import flatten_params, unflatten_params
 
-if TYPE_CHECKING:
-    from rynn_jax.models.dit import WanDiT, WanDiTConfig
+__all__ = [  # the FP8 primitives are re-exported: callers import them from here
+    "FP8", "FP8_MAX", "Fp8InputAmax", "Fp8Linear", "amax_scale", "fp8_matmul", "quantize_weight", "to_fp8",
+    "FP8_COMPILER_OPTIONS", "compiler_options", "quantize_dit", "run_observers", "calibrate", "SCALES_FORMAT",
+    "static_scales", "with_static_scales", "checked_scales", "save_scales", "load_scales", "read_scales",
+]
 
-FP8 = jnp.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # XLA options for compiling an FP8 model on GPU (`lowered.compile(FP8_COMPILER_OPTIONS)`, or
 # XLA_FLAGS=--xla_gpu_enable_triton_gemm=false for a whole process). With Triton GEMM fusions on,
 # XLA autotunes a Triton FP8 kernel for every linear layer separately: the unrolled 5B forward took
@@ -46,99 +54,10 @@ def compiler_options(cfg: WanDiTConfig) -> dict | None:
     return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 
 
-def amax_scale(amax: jax.Array) -> jax.Array:
-    """amax / 448, with all-zero rows/channels given scale 1 (their FP8 values are 0 anyway).
-
-    Written as a multiply by float32(1/448), which is what XLA turns a division by the constant
-    into anyway; spelled out, the scale is the same float32 number on every backend and in numpy."""
-    amax = amax.astype(jnp.float32)
-    return jnp.where(amax > 0, amax * jnp.float32(1.0 / FP8_MAX), jnp.float32(1.0))
-
-
-def to_fp8(x: jax.Array, scale: jax.Array) -> jax.Array:
-    # x/scale is within ±448 up to rounding; the clip makes that exact (e4m3fn has no inf, and an
-    # out-of-range convert would give NaN).
-    return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
-
-
-def quantize_weight(w_io: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-output-channel symmetric quantization of a (..., in, out) kernel to float8_e4m3fn.
-
-    Returns (w_f8 (..., in, out), scale (..., out) float32) with w ≈ w_f8 · scale[..., None, :].
-    Leading axes (the stacked 'layers' axis) are handled independently."""
-    scale_o = amax_scale(jnp.max(jnp.abs(w_io.astype(jnp.float32)), axis=-2))
-    return to_fp8(w_io, scale_o[..., None, :]), scale_o
-
-
-def fp8_matmul(x_bli: jax.Array, w_f8_oi: jax.Array, w_scale_o: jax.Array, out_dtype,
-               x_scale: jax.Array | None = None) -> jax.Array:
-    """x @ wᵀ for an FP8 kernel stored (out, in), w ≈ w_f8 · w_scale, with x quantized per token
-    (row) on the fly, or with the given one-element `x_scale` (static scaling: |x| beyond 448·x_scale
-    saturates). The (out, in) layout puts the contracted axis minor-most in both operands,
-    the only FP8 layout cuBLASLt takes on Hopper ("TN"); an (in, out) kernel would make XLA
-    transpose every weight on every call.
-
-    The GEMM is a plain `dot_general` of the two float8_e4m3fn operands accumulating into
-    `out_dtype` (bf16 or f32): XLA's GPU GEMM rewriter maps that onto a cuBLASLt FP8 GEMM. cuBLASLt
-    (on Hopper) only takes per-tensor scalar scales, not per-row/per-column vectors, so the scales
-    are applied afterwards as one elementwise multiply by their outer product (row scale × column
-    scale), which XLA fuses into the GEMM's consumer. That is exact algebra:
-        (x_f8 · s_x[:, None]) @ (w_f8 · s_w[None, :]) = (x_f8 @ w_f8) · (s_x[:, None] · s_w[None, :]).
-    """
-    out_dtype = jnp.dtype(out_dtype)
-    if x_scale is None:
-        x_scale = amax_scale(jnp.max(jnp.abs(x_bli.astype(jnp.float32)), axis=-1, keepdims=True))  # (..., 1)
-    else:
-        x_scale = x_scale.astype(jnp.float32)
-    x_f8 = to_fp8(x_bli, x_scale)
-    y = jax.lax.dot_general(x_f8, w_f8_oi, (((x_f8.ndim - 1,), (1,)), ((), ())),
-                            preferred_element_type=out_dtype)
-    return (y.astype(jnp.float32) * (x_scale * w_scale_o.astype(jnp.float32))).astype(out_dtype)
-
-
-class Fp8InputAmax(nnx.Variable):
-    """Running max |input| of an Fp8Linear, present only while `calibrate` observes the model."""
-
-
-class Fp8Linear(nnx.Module):
-    """Drop-in for `layers.linear`'s nnx.Linear with an FP8 kernel: `kernel` (out, in) float8_e4m3fn,
-    `kernel_scale` (out,) float32 per output channel, `bias` (out,) in param_dtype; output in dtype.
-    With `static_input_scale`, also `input_scale` (1,) float32, the activation scale (`calibrate`;
-    shaped (1,), not (), so the stacked-layer axis gets its logical name like every other param).
-
-    Initialised by quantizing a Xavier-uniform kernel drawn with the same key nnx.Linear would use,
-    so a fresh fp8 model is the quantization of the fresh float model with the same seed."""
-
-    def __init__(self, d_in: int, d_out: int, names: tuple[str | None, str | None], *,
-                 dtype, param_dtype, rngs: nnx.Rngs, static_input_scale: bool = False):
-        self.dtype = jnp.dtype(dtype)
-        kernel = nnx.initializers.xavier_uniform()(rngs.params(), (d_in, d_out), jnp.dtype(param_dtype))
-        kernel_f8, scale = quantize_weight(kernel)
-        bias = nnx.initializers.zeros_init()(rngs.params(), (d_out,), jnp.dtype(param_dtype))
-        named = lambda value, axes: nnx.with_partitioning(lambda *_: value, axes)(None)
-        self.kernel = nnx.Param(named(kernel_f8.T, (names[1], names[0])))  # (out, in): see fp8_matmul
-        self.kernel_scale = nnx.Param(named(scale, (names[1],)))
-        self.bias = nnx.Param(named(bias, (names[1],)))
-        # 1 until calibrated: a placeholder, not a usable scale (`calibrate` replaces it).
-        self.input_scale = (nnx.Param(named(jnp.ones((1,), jnp.float32), (None,))) if static_input_scale
-                            else nnx.data(None))
-        self.input_amax: Fp8InputAmax | None = nnx.data(None)  # set by `calibrate` only
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        if self.input_amax is not None:  # calibrating
-            self.input_amax[...] = jnp.maximum(self.input_amax[...], jnp.max(jnp.abs(x.astype(jnp.float32))))
-        x_scale = None if self.input_scale is None else self.input_scale[...]
-        y = fp8_matmul(x, self.kernel[...], self.kernel_scale[...], self.dtype, x_scale)
-        return y + self.bias[...].astype(self.dtype)
-
-
 def quantize_dit(model: WanDiT) -> WanDiT:
     """The FP8 serving model for a float model: same config with fp8=True, every Fp8Linear's kernel
     and kernel_scale from quantizing the source kernel (all stacked layers at once), every other
     variable the source's array unchanged (shared, so bit-exact)."""
-    from rynn_jax.models import build
-    from rynn_jax.models.dit import WanDiT
-
     if model.cfg.fp8:
         raise ValueError("quantize_dit: the model is already fp8 (cfg.fp8=True)")
     cfg = dataclasses.replace(model.cfg, fp8=True, fp8_activations="per_token")
@@ -178,6 +97,28 @@ def quantize_dit(model: WanDiT) -> WanDiT:
     return nnx.merge(graphdef, target)
 
 
+def run_observers(probe: nnx.Module, run: Callable[[Any, Any], Any], batches: Iterable[Any],
+                  observer: type[nnx.Variable], *, desc: str, progress: bool = True,
+                  compiler_options: dict | None = None) -> int:
+    """Run `run(probe, batch)`, jitted, over the batches, keeping the updates of `probe`'s `observer`
+    variables (a calibration's running maxima); returns the batch count (none is an error)."""
+    graphdef = nnx.graphdef(probe)
+
+    @functools.partial(jax.jit, compiler_options=compiler_options)
+    def step(state, batch):
+        m = nnx.merge(graphdef, state)
+        run(m, batch)
+        return nnx.state(m, observer)
+
+    n = 0
+    for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress):
+        nnx.update(probe, step(nnx.state(probe), batch))
+        n += 1
+    if n == 0:
+        raise ValueError("calibrate: no calibration batches")
+    return n
+
+
 def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterable[Any], *,
               margin: float = 1.0, progress: bool = True) -> WanDiT:
     """Static activation scales for an FP8 model (`quantize_dit`'s output, stacked layers): runs
@@ -189,8 +130,6 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     calibrate on inputs like those served (every denoising timestep and the t = 0 cache pass);
     margin > 1 leaves headroom at the cost of resolution near zero. Serve the result through
     `dit.unrolled` as usual (StreamingSession does)."""
-    from rynn_jax.models.dit import unrolled
-
     cfg = model.cfg
     if not cfg.fp8 or cfg.fp8_activations != "per_token":
         raise ValueError("calibrate: expects an FP8 model with per-token activation scales (quantize_dit's "
@@ -210,20 +149,8 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
         raise ValueError(f"calibrate: unexpected FP8 layers {[p for p, _ in linears if p[0] != 'blocks']}")
     for _, lin in linears:
         lin.input_amax = Fp8InputAmax(jnp.full((), -1.0, jnp.float32))  # < 0: never called
-    graphdef = nnx.graphdef(probe)
-
-    @functools.partial(jax.jit, compiler_options=compiler_options(cfg))
-    def step(state, batch):
-        m = nnx.merge(graphdef, state)
-        run(m, batch)
-        return nnx.state(m, Fp8InputAmax)
-
-    n = 0
-    for batch in tqdm(batches, desc="fp8 calibration", unit="batch", disable=not progress):
-        nnx.update(probe, step(nnx.state(probe), batch))
-        n += 1
-    if n == 0:
-        raise ValueError("calibrate: no calibration batches")
+    n = run_observers(probe, run, batches, Fp8InputAmax, desc="fp8 calibration", progress=progress,
+                      compiler_options=compiler_options(cfg))
     amax = {path: float(lin.input_amax[...]) for path, lin in linears}
     dotted = lambda path: ".".join(map(str, path))  # noqa: E731
     bad = sorted(dotted(p) for p, a in amax.items() if not (0 <= a < float("inf")))
@@ -260,35 +187,40 @@ def with_static_scales(model: WanDiT, scales: dict[str, Any]) -> WanDiT:
     """The per-token FP8 model (`quantize_dit`'s output, stacked layers) with the given activation
     scales: same weights, cfg.fp8_activations="static". Every FP8 linear needs its scale, with the
     model's (layers, 1) shape, finite and > 0; anything else is an error that names the entry."""
-    from rynn_jax.models import build
-    from rynn_jax.models.dit import WanDiT
-
     cfg = model.cfg
     if not cfg.fp8 or cfg.fp8_activations != "per_token" or isinstance(model.blocks, nnx.List):
         raise ValueError("with_static_scales: expects quantize_dit's output (stacked layers, per-token activation "
                          f"scales); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
     graphdef, target = nnx.split(build.abstract_model(WanDiT, dataclasses.replace(cfg, fp8_activations="static")))
-    want = {".".join(p): v for p, v in flatten_params(nnx.to_pure_dict(target)).items() if p[-1] == "input_scale"}
-    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
-    if missing or extra:
-        raise ValueError(f"with_static_scales: scales do not fit this model: missing {missing}, unexpected {extra}")
+    want = {".".join(p): tuple(v.shape) for p, v in flatten_params(nnx.to_pure_dict(target)).items()
+            if p[-1] == "input_scale"}
     values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
-    for name, spec in want.items():
-        a = np.asarray(scales[name])
-        if a.shape != tuple(spec.shape):
-            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, this model needs {tuple(spec.shape)}")
-        if not (np.isfinite(a).all() and (a > 0).all()):
-            raise ValueError(f"with_static_scales: {name!r} has non-finite or non-positive values")
-        values[tuple(name.split("."))] = jnp.asarray(a, jnp.float32)
+    for name, a in checked_scales(scales, want, "model").items():
+        values[tuple(name.split("."))] = a
     nnx.replace_by_pure_dict(target, unflatten_params(values))
     return nnx.merge(graphdef, target)
+
+
+def checked_scales(scales: dict[str, Any], want: dict[str, tuple[int, ...]], what: str) -> dict[str, jax.Array]:
+    """`scales` as float32 arrays, checked against `want` (name → shape): none missing or extra,
+    each of its shape, finite and > 0; anything else is a ValueError naming the entry."""
+    missing, extra = sorted(set(want) - set(scales)), sorted(set(scales) - set(want))
+    if missing or extra:
+        raise ValueError(f"with_static_scales: scales do not fit this {what}: missing {missing}, unexpected {extra}")
+    checked = {}
+    for name, shape in want.items():
+        a = np.asarray(scales[name])
+        if a.shape != shape:
+            raise ValueError(f"with_static_scales: {name!r} has shape {a.shape}, this {what} needs {shape}")
+        if not (np.isfinite(a).all() and (a > 0).all()):
+            raise ValueError(f"with_static_scales: {name!r} has non-finite or non-positive values")
+        checked[name] = jnp.asarray(a, jnp.float32)
+    return checked
 
 
 def save_scales(path: str | os.PathLike[str], model: WanDiT, **info: str) -> None:
     """Write a static-scale model's activation scales to a safetensors file (a few KB; the weights
     stay in their own checkpoint and are quantized at load). `info`: extra string metadata."""
-    from safetensors.numpy import save_file
-
     save_file(static_scales(model), os.fspath(path), metadata={"format": SCALES_FORMAT, **info})
 
 
@@ -301,8 +233,6 @@ def load_scales(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 def read_scales(path: str | os.PathLike[str], expected_format: str) -> dict[str, np.ndarray]:
     """The tensors of a safetensors scales file whose metadata "format" is `expected_format`; a
     missing, truncated or foreign file is a ValueError naming it."""
-    from safetensors import safe_open
-
     path = os.fspath(path)
     try:
         with safe_open(path, framework="numpy") as f:

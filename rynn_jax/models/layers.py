@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rynn_jax.models.fp8 import Fp8Linear
+from rynn_jax.models.fp8_linear import Fp8Linear
 
 
 def linear(cfg, d_in: int, d_out: int, names: tuple[str | None, str | None],

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
+from rynn_jax import checkpoints
 from rynn_jax.weights import (ConversionError, Fixed, Rule, abstract_pure_params, agree, config_fields,
                               convert_state_dict, flatten_params, open_safetensors, read_config_json,
                               torch_conv2d, torch_conv3d)
@@ -256,7 +257,6 @@ def load_vae(path: str | os.PathLike[str], cfg: WanVAEConfig | None = None, dtyp
 
     `dtype` casts every parameter (None: cfg.param_dtype). Errors name the offending key.
     """
-    from rynn_jax import checkpoints
 
     if checkpoints.is_converted_dir(path):
         saved = checkpoints.load_config(path, WanVAEConfig)

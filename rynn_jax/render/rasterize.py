@@ -16,7 +16,7 @@ a deterministic function of the input.
 
 Radius: r_px = radius_m * f / z, f = (fx + fy) / 2, clipped to [min_radius_px, max_radius_px],
 so nearer points are drawn larger. Color: the point's depth, normalised over
-[depth_near_m, depth_far_m] and clipped, indexes its hand's colormap (skeleton.depth_colormap:
+[depth_near_m, depth_far_m] and clipped, indexes its hand's colormap (skeleton_style.depth_colormap:
 dark and saturated when near, pale when far; left hand blue family, right hand red family).
 
 Missing-joint rule (documented contract, tested): a point is *visible* iff its `valid` entry is
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rynn_jax.render import skeleton as sk
+from rynn_jax.render import skeleton_style as sk
 
 Array = jnp.ndarray
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rynn_jax.render import skeleton as sk
+from rynn_jax.render import skeleton_style as sk
 
 # Finger MCP positions in the hand frame, (along fingers f, towards the thumb s), metres.
 _MCP_FS = np.array([[0.095, 0.025], [0.100, 0.003], [0.093, -0.017], [0.085, -0.036]])

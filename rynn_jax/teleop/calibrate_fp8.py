@@ -15,7 +15,7 @@ only the scales (a few KB); the weights stay in their checkpoint and are quantiz
 
     python serve.py calibrate-vae-fp8 --latents SHARD_DIR --vae DIR --out vae_scales.safetensors [--clips 16]
 
-does the same for the VAE decoder's FP8 convs (`models/vae_fp8.py`: H200 decode chunk at 480×832
+does the same for the VAE decoder's FP8 convs (`kernels/vae_fp8.py`: H200 decode chunk at 480×832
 36.0 ms with static scales vs ≈ 49–50 in bf16): each clip's normalized video latents, a window of
 `--frames` latent frames, decoded whole while every kernel conv records max|input|. Serve with
 `serve.py demo --vae DIR --vae-fp8-scales FILE` or `vae_fp8.load_static(vae, FILE)`.
@@ -178,7 +178,7 @@ def main_vae(argv: list[str] | None = None) -> dict:
     from flax import nnx
 
     from rynn_jax.models import vae as vae_lib
-    from rynn_jax.models import vae_fp8
+    from rynn_jax.kernels import vae_fp8
     from rynn_jax.models.vae_weights import load_vae
 
     p = errors.ArgumentParser(prog="python serve.py calibrate-vae-fp8",
@@ -217,6 +217,6 @@ def main_vae(argv: list[str] | None = None) -> dict:
         vae_fp8.save_scales(tmp, scales, clips=str(len(clips)), frames=str(a.frames), margin=str(a.margin),
                             latents=os.path.basename(os.path.normpath(a.latents)))
     summary = dict(out=os.path.abspath(a.out), clips=len(clips), frames=a.frames, convs=len(scales),
-                   margin=a.margin, conv_impl=served.cfg.conv_impl, rel_l2_vs_float_on_one_window=rel)
+                   margin=a.margin, conv_impl=served.cfg.conv_name, rel_l2_vs_float_on_one_window=rel)
     print(json.dumps(summary, indent=1))
     return summary

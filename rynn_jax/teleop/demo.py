@@ -166,7 +166,7 @@ def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: b
         if fp8_scales is not None:
             dit = with_static_scales(dit, load_scales(fp8_scales))
     if vae_fp8_scales is not None:
-        from rynn_jax.models import vae_fp8
+        from rynn_jax.kernels import vae_fp8
 
         vae = vae_fp8.load_static(vae, vae_fp8_scales)
     return dit, vae
@@ -192,7 +192,7 @@ def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool 
                                          vae_fp8_scales=vae_fp8_scales)
     decoder = None
     if tae:
-        from rynn_jax.models.tae import load_tae
+        from rynn_jax.models.tae_weights import load_tae
 
         decoder = load_tae(tae)
     return serving_session(dit_model, vae_model, spec=w.spec, decoder=decoder, unroll_layers=w.dit is not None)

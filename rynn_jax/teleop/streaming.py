@@ -3,7 +3,7 @@
 Three levels, each usable alone:
   * pure functions of (params, state, inputs) — `make_start`, `make_step`, `anchor_state` for
     latents, `make_stream_step` / `make_stream_anchor` for pixels (VAE caches carried in the
-    state). These are what gets jitted once and exported (`rynn_jax.export`).
+    state). These are what gets jitted once and exported (`rynn_jax.step_export`).
   * `CausalStudent`: the jitted latent-level functions with input checks on the host, before any
     device work.
   * `StreamingSession`: skeleton frames in, RGB frames out, re-anchoring every chunk.

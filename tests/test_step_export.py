@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rynn_jax import export
+from rynn_jax import step_export
 from rynn_jax.models import causal
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.teleop import streaming
@@ -37,7 +37,7 @@ def test_aot_compile_prints_memory(capsys):
     graphdef, params = nnx.split(model)
     ref, ctx, controls, keys = _inputs()
     state = jax.eval_shape(streaming.make_start(graphdef, CCFG), params, ref, ctx)
-    compiled = export.compile_aot(streaming.make_step(graphdef, CCFG, SCFG), params, state, controls[0], keys[0],
+    compiled = step_export.compile_aot(streaming.make_step(graphdef, CCFG, SCFG), params, state, controls[0], keys[0],
                                   donate_argnums=(1,))
     assert "[step]" in capsys.readouterr().out
     x_info, state_info = compiled.out_info  # the step's (latents block, state), as the jitted step gives
@@ -48,7 +48,7 @@ def test_aot_compile_prints_memory(capsys):
 def test_export_roundtrip_in_fresh_process(tmp_path):
     model = init_dit(CFG, seed=0)
     nnx.update(model, jax.tree.map(lambda a: a + 0.05, nnx.state(model, nnx.Param)))  # control on
-    export.export_causal_step(model, CCFG, SCFG, tmp_path / "exp", batch=B, latent_hw=HW)
+    step_export.export_causal_step(model, CCFG, SCFG, tmp_path / "exp", batch=B, latent_hw=HW)
     # one artifact for CPU, CUDA and TPU (the default); run here on CPU
     assert json.loads((tmp_path / "exp" / "meta.json").read_text())["platforms"] == ["cpu", "cuda", "tpu"]
     ref, ctx, controls, keys = _inputs()
@@ -67,7 +67,7 @@ def test_export_roundtrip_in_fresh_process(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         import numpy as np
-        from rynn_jax.export import load
+        from rynn_jax.step_export import load
         server = load({str(tmp_path / "exp")!r})
         inp = np.load({str(tmp_path / "inputs.npz")!r})
         state = server.start(inp["ref"], inp["ctx"])
@@ -90,7 +90,7 @@ def test_export_refuses_the_merged_clean_pass(tmp_path):
     import pytest
 
     with pytest.raises(ValueError, match="StreamingSession-only"):
-        export.export_causal_step(init_dit(CFG, 0), CCFG, streaming.StepConfig(merge_clean_pass=True), tmp_path,
+        step_export.export_causal_step(init_dit(CFG, 0), CCFG, streaming.StepConfig(merge_clean_pass=True), tmp_path,
                                   batch=B, latent_hw=HW)
     assert not any(tmp_path.iterdir())  # nothing half-written
 
@@ -102,5 +102,5 @@ def test_portable_export_refuses_cudnn_attention(tmp_path):
 
     model = init_dit(dataclasses.replace(CFG, attention="cudnn"), 0)
     with pytest.raises(ValueError, match="lowers for CUDA only"):
-        export.export_causal_step(model, CCFG, SCFG, tmp_path, batch=B, latent_hw=HW)
+        step_export.export_causal_step(model, CCFG, SCFG, tmp_path, batch=B, latent_hw=HW)
     assert not any(tmp_path.iterdir())  # nothing half-written

@@ -6,7 +6,8 @@ its bf16 floor. Numerics are checked on the CPU in Mosaic GPU's interpret mode (
 (K, N) weights, see kernel_rows). On an H200 the FP8 kernel alone runs at 977–1,242 TFLOP/s on the
 decoder's big shapes; a whole call, with its operand preparation (a third of it), takes 0.66–0.82×
 of cuDNN's bf16 conv time, the bf16 kernel 1.1–1.5× (bench/bench_conv.py; conv_kernel.md);
-nothing uses it by default (WanVAEConfig.conv_impl="kernel_fp8" opts in, for the decoder).
+the VAE decoder is served with it on Hopper GPUs when given static FP8 scales (vae_conv.py
+plugs it into models/vae.py; vae_fp8.py calibrates the scales).
 
 The layout trick. Pad each frame to (H + kh − 1) rows × Wp columns (Wp a multiple of 8) and flatten
 (frame, row, column) into one pixel axis; stack the kw horizontal taps on channels (x3[p] = x[p],
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+import inspect
+from typing import Any, Literal, get_args
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rynn_jax.models import fp8 as fp8_lib
+from rynn_jax.models import fp8_linear as fp8_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +195,6 @@ def _load_rows(plgpu, ref, start, rows: int, layout):
     """rows [start, start + rows) of a shared-memory ref into registers (jax 0.10 takes the index
     as an argument, later versions as ref.at[...]). Keep `start` a multiple of 8: on an H200 (jax
     0.11.2) a start 1 or 2 rows off lowered but read garbage, not the shifted rows."""
-    import inspect
-
     import jax.experimental.pallas as pl
 
     if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:
@@ -239,7 +239,7 @@ def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvT
     return kh % 2 == 1 and kw % 2 == 1 and (kw * c) % tiles.tile_k(dtype) == 0 and n % 64 == 0
 
 
-# The tiles the VAE's convs use (vae._conv via fitted_tiles); an A/B knob for bench/profile_ops.py.
+# The tiles the VAE's convs use (vae_conv.KernelConv.tiles, fitted per conv by fitted_tiles).
 # H200, static-FP8 decode chunk at 480×832 in one process (bench/profile_ops.py --conv-tiles rows
 # frames_c2): kernel time 21.04 → 20.49 ms, all kernels 32.32 → 31.64 ms; the kernel alone at
 # 240×416×256 (prepared operands) 1.255 → 1.138 ms. In-kernel horizontal taps (--conv-tiles
@@ -247,7 +247,7 @@ def supports(kernel_shape: tuple[int, ...], dtype: Any, tiles: ConvTiles = ConvT
 # 33.73 → 31.46 ms per call (copies 3.82 → 0.54 ms: no tap stacking).
 SERVING_TILES = ConvTiles(order="frames", cluster_m=True, taps_in_kernel=True)
 
-# Named tile sets for the benches' --conv-tiles (each replaces SERVING_TILES for a run): rows/frames
+# Named tile sets for the benches' --conv-tiles (each replaces SERVING_TILES in KernelConv.tiles): rows/frames
 # order, _c2 = 2-CTA clusters, _s3 = 3 pipeline stages, _hk = horizontal taps read in the kernel
 # (frames_c2_hk = SERVING_TILES).
 TILE_PRESETS: dict[str, ConvTiles] = {
@@ -258,12 +258,11 @@ TILE_PRESETS: dict[str, ConvTiles] = {
 }
 
 
-def fitted_tiles(n: int, tiles: ConvTiles | None = None) -> ConvTiles:
-    """`tiles` (default SERVING_TILES) with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
+def fitted_tiles(n: int, tiles: ConvTiles) -> ConvTiles:
+    """`tiles` with tile_n (and epi_n) cut to divide N: 256 → 128 → 64.
     Off a GPU 2-CTA clusters (Mosaic's interpreter has none) and in-kernel horizontal taps are
     turned off: they change which CTA loads a weight tile and where the taps are gathered, not a
     single output bit."""
-    tiles = SERVING_TILES if tiles is None else tiles
     if jax.default_backend() != "gpu":
         tiles = dataclasses.replace(tiles, cluster_m=False, taps_in_kernel=False)
     tile_n = next(t for t in (tiles.tile_n, 128, 64) if t <= tiles.tile_n and n % t == 0)
@@ -279,16 +278,34 @@ def quantize_kernel(kernel_thwio: jax.Array) -> tuple[jax.Array, jax.Array]:
     return w_f8.T, scale
 
 
-# How an FP8 call builds its input rows (all give the same bits; A/B knobs for bench/profile_ops.py):
-# FP8_PROLOGUE "quantize_first": quantize past and x in their own shape (fused with the norm/SiLU
-# that makes them; behind an optimization barrier if FP8_PROLOGUE_BARRIER), then join, pad and stack
-# taps on FP8 bytes; "pad_first": join, pad and flatten in the input dtype, then quantize. FP8_PACKED:
-# move the FP8 bytes as uint32 words (4 channels each), not one by one. H200, streaming decode chunk
-# at 480×832 (bench/profile_ops.py --fp8-prologue …): pad_first 40.5 ms, pad_first packed 39.5,
-# quantize_first unpacked 42.8–43.4 (1-byte moves ran at ≈ 1 TB/s), quantize_first packed 36.0.
-FP8_PROLOGUE = "quantize_first"
-FP8_PROLOGUE_BARRIER = True
-FP8_PACKED = True
+PrologueOrder = Literal["quantize_first", "pad_first"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fp8Prologue:
+    """How an FP8 call builds its input rows: all settings give the same bits (A/B knobs for
+    bench/profile_ops.py --fp8-prologue). H200, streaming decode chunk at 480×832: pad_first
+    40.5 ms, pad_first packed 39.5, quantize_first unpacked 42.8–43.4 (1-byte moves ran at
+    ≈ 1 TB/s), quantize_first packed 36.0 (the default)."""
+    # "quantize_first": quantize past and x in their own shape (fused with the norm/SiLU that makes
+    # them), then join, pad and stack taps on FP8 bytes; "pad_first": join, pad and flatten in the
+    # input dtype, then quantize.
+    order: PrologueOrder = "quantize_first"
+    barrier: bool = True  # quantize_first: the quantized parts behind an optimization barrier
+    packed: bool = True  # move the FP8 bytes as uint32 words (4 channels each), not one by one
+
+    def __post_init__(self):
+        if self.order not in get_args(PrologueOrder):
+            raise ValueError(f"Fp8Prologue.order must be 'quantize_first' or 'pad_first', got {self.order!r}")
+
+
+# Named prologues for bench/profile_ops.py --fp8-prologue (_fused: no optimization barrier).
+PROLOGUE_PRESETS: dict[str, Fp8Prologue] = {
+    "pad_first": Fp8Prologue(order="pad_first", packed=False, barrier=False),
+    "pad_first_packed": Fp8Prologue(order="pad_first", barrier=False),
+    "quantize_first": Fp8Prologue(packed=False), "quantize_first_fused": Fp8Prologue(packed=False, barrier=False),
+    "quantize_first_packed": Fp8Prologue(), "quantize_first_packed_fused": Fp8Prologue(barrier=False),
+}
 
 
 def _pack_words(x: jax.Array) -> jax.Array:
@@ -304,19 +321,21 @@ def _unpack_words(x: jax.Array) -> jax.Array:
 def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
                 dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
                 w_fp8: tuple[jax.Array, jax.Array] | None = None,
-                tiles: ConvTiles = ConvTiles(), interpret: Any = None) -> jax.Array:
+                tiles: ConvTiles = ConvTiles(), prologue: Fp8Prologue = Fp8Prologue(),
+                interpret: Any = None) -> jax.Array:
     """k_t×k_h×k_w conv over past ⧺ x: 'valid' in time, 'same' in space, stride 1, no bias.
 
     x (B, T, H, W, C); past (B, k_t − 1, H, W, C) or None for k_t = 1; kernel (k_t, k_h, k_w, C, N).
     dtype: bfloat16, or float8_e4m3fn (per-tensor activation scale `x_scale` — a calibrated
     constant when serving, else max|x|/448 of this call — and per-output-channel weight scales;
     `w_fp8`: the kernel already quantized by `quantize_kernel`, else quantized here).
+    `prologue`: how FP8 input rows are built (the same bits every way).
     Returns bf16 (B, T, H, W, N). `interpret`: Mosaic GPU interpret params, to run on a CPU.
     """
     b, t, h, w, _ = x_bthwc.shape
     n = kernel_thwio.shape[-1]
     x_rows, wk, plan, out_scale = prepare(x_bthwc, kernel_thwio, past, dtype=dtype, x_scale=x_scale, w_fp8=w_fp8,
-                                          tiles=tiles, interpret=interpret)
+                                          tiles=tiles, prologue=prologue, interpret=interpret)
     y = kernel_rows(x_rows, wk, plan, tiles, interpret)
     if out_scale is not None:
         y = (y.astype(jnp.float32) * out_scale).astype(jnp.bfloat16)
@@ -328,7 +347,7 @@ def causal_conv(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | N
 def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None = None, *,
             dtype: Any = jnp.bfloat16, x_scale: jax.Array | float | None = None,
             w_fp8: tuple[jax.Array, jax.Array] | None = None, tiles: ConvTiles = ConvTiles(),
-            interpret: Any = None) -> tuple[jax.Array, jax.Array, _Plan, jax.Array | None]:
+            prologue: Fp8Prologue = Fp8Prologue(), interpret: Any = None) -> tuple[jax.Array, jax.Array, _Plan, jax.Array | None]:
     """`causal_conv`'s checks and operand preparation (padding, tap stacking, quantization): the
     kernel's input rows (B·rows_in, k_w·C; C when the kernel reads the horizontal taps), weights, plan, and the FP8 output scale (N,) (None for
     bf16). `kernel_rows` of the first three is the kernel alone (bench/bench_conv.py times both)."""
@@ -369,16 +388,16 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
         raise ValueError(f"w_fp8 must be quantize_kernel's ((N, K), (N,)) = ({(n, kt * kh * kw * c)}, {(n,)}) "
                          f"with dtype float8_e4m3fn, got {None if w_fp8 is None else (w_fp8[0].shape, w_fp8[1].shape)}")
     parts = [x_bthwc] if past is None else [past, x_bthwc]
-    packed = fp8 and FP8_PACKED and c % 4 == 0
+    packed = fp8 and prologue.packed and c % 4 == 0
     if fp8:  # the DiT's FP8 scaling (models/fp8.py): saturating at ±448, per-output-channel weights
         sx = (fp8_lib.amax_scale(functools.reduce(jnp.maximum, [jnp.max(jnp.abs(p.astype(jnp.float32))) for p in parts]))
               if x_scale is None else jnp.asarray(x_scale, jnp.float32))
-        if FP8_PROLOGUE == "pad_first":
+        if prologue.order == "pad_first":
             parts = [p.astype(x_bthwc.dtype) for p in parts]
         else:  # quantized before padding (zeros stay zeros): the rest moves bytes
             parts = [fp8_lib.to_fp8(p, sx) for p in parts]
             parts = [_pack_words(p) for p in parts] if packed else parts
-            parts = list(lax.optimization_barrier(parts)) if FP8_PROLOGUE_BARRIER else parts
+            parts = list(lax.optimization_barrier(parts)) if prologue.barrier else parts
         wk, sw = quantize_kernel(kernel_thwio) if w_fp8 is None else w_fp8
         wk = wk if interpret is None else wk.T  # see kernel_rows
     else:
@@ -388,7 +407,7 @@ def prepare(x_bthwc: jax.Array, kernel_thwio: jax.Array, past: jax.Array | None 
     xx = jnp.pad(xx, ((0, 0), (0, 0), (kh // 2, kh // 2), (kw // 2, wp - w - kw // 2), (0, 0)))
     xx = xx.reshape(b, (t + kt - 1) * s, xx.shape[-1])
     xx = jnp.pad(xx, ((0, 0), (0, rows_in + kw - 1 - xx.shape[1]), (0, 0)))
-    if fp8 and FP8_PROLOGUE == "pad_first":
+    if fp8 and prologue.order == "pad_first":
         xx = fp8_lib.to_fp8(xx, sx)
         xx = _pack_words(xx) if packed else xx
     if in_kernel:  # not stacked: the kernel reads the horizontal taps as row shifts

@@ -1,4 +1,5 @@
-"""Hand-skeleton topology (MediaPipe 21 joints + elbow) and the per-hand depth colormaps.
+"""How a hand skeleton is drawn: its points and bones (MediaPipe 21 joints + elbow) and the
+per-hand depth colormaps.
 
 Point layout per hand, used everywhere in `rynn_jax.render`: indices 0..20 are the MediaPipe
 hand landmarks (0 wrist; thumb 1-4 = CMC, MCP, IP, tip; index 5-8, middle 9-12, ring 13-16,
