@@ -6,7 +6,8 @@
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
 # see deliver.sh), STUDENT_INIT (an exported student phase B continues from; phase A is skipped),
-# PREENCODE_WORKERS, INIT_WAIT. Pre-encoding without an autoencoder stage and distillation without a
+# PREENCODE_WORKERS, INIT_WAIT, AE_ARGS / TEACHER_ARGS (more train.py flags, e.g.
+# "--set optim.lr=3e-4"). Pre-encoding without an autoencoder stage and distillation without a
 # teacher stage use the committed ones (init/). A distillation lease is
 # STAGES="data preencode distill_a distill_b distill_export".
 set -u
@@ -48,7 +49,7 @@ if has autoencoder; then
   log "autoencoder starts with $(count) episodes"
   init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
   timeout --signal=INT --kill-after=240 "${AE_SECONDS:-900}" \
-    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_ae.py" --set data.worker_count=12 $init > out/autoencoder.log 2>&1
+    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_ae.py" --set data.worker_count=12 $init ${AE_ARGS:-} > out/autoencoder.log 2>&1
   log "autoencoder rc=$?"
   [ -f weights/synthetic/autoencoder/config.json ] || {
     python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae.py" --out weights/synthetic/autoencoder >> out/autoencoder.log 2>&1
@@ -65,7 +66,7 @@ if has teacher; then
   [ -z "${TEACHER_INIT:-}" ] || need "$TEACHER_INIT"
   init=${TEACHER_INIT:+--set ckpt.init_from=$TEACHER_INIT}
   timeout --signal=INT --kill-after=120 "${TEACHER_SECONDS:-600}" \
-    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_teacher.py" $init > out/teacher.log 2>&1
+    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_teacher.py" $init ${TEACHER_ARGS:-} > out/teacher.log 2>&1
   log "teacher rc=$?"
 fi
 has export && { $S export > out/export.log 2>&1; log "export rc=$?"; }
