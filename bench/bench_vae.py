@@ -122,12 +122,14 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
 
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
               tiny: bool = False, checks: Checks | None = None, codec: str = "vae",
-              conv_impl: str = "fold2d", fp8_static: bool = False, conv_tiles: str | None = None) -> list[dict]:
+              conv_impl: str = "fold2d", fp8_static: bool = False, conv_tiles: str | None = None,
+              synthetic: bool = False) -> list[dict]:
     """`codec`: "vae" (the exact Wan2.2 VAE, models/vae.py) or "tae" (the tiny autoencoder of the
     same latent space, models/tae.py); both modules have the same streaming functions. `conv_impl`:
     the VAE's conv_impl (kernels/vae_conv.py; same weights for every choice: same seed). `fp8_static`:
     kernel_fp8 with static activation scales calibrated on the timed clip (kernels/vae_fp8.py).
-    `conv_tiles`: a conv_kernel.TILE_PRESETS name for the kernel conv_impls (None: SERVING_TILES)."""
+    `conv_tiles`: a conv_kernel.TILE_PRESETS name for the kernel conv_impls (None: SERVING_TILES).
+    `synthetic`: the synthetic world's autoencoder config (configs/synthetic.py) instead of Wan2.2's."""
     import functools
 
     import jax
@@ -143,13 +145,19 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         model = tae.init_tae(cfg, 0)
     else:
         V, impl = vae, "jax" if conv_impl == "fold2d" else f"jax {conv_impl}"
-        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+        if synthetic:
+            from configs import synthetic as syn
+
+            cfg = vae.WanVAEConfig.synthetic(z_dim=syn.LATENT_CHANNELS, dtype=dtype, param_dtype=dtype)
+        else:
+            cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
         tiles = {} if conv_tiles is None or conv_impl in vae.XLA_CONV_IMPLS else {"tiles": TILE_PRESETS[conv_tiles]}
         cfg = vae_conv.configure(cfg, conv_impl, **tiles)
         model = vae.init_vae(cfg, 0)
     frames = 1 + 4 * (latent_frames - 1)
     key = jax.random.key(0)
-    z = jax.random.normal(key, (1, latent_frames, height // 16, width // 16, cfg.z_dim), jnp.float32)
+    s = cfg.spatial_stride if codec == "vae" else 16
+    z = jax.random.normal(key, (1, latent_frames, height // s, width // s, cfg.z_dim), jnp.float32)
     video = jnp.clip(jax.random.normal(key, (1, frames, height, width, 3), jnp.float32), -1, 1)
     if codec == "vae" and conv_impl == "kernel_fp8" and fp8_static:
         from rynn_jax.kernels import vae_fp8
@@ -213,6 +221,8 @@ def main() -> None:
     p.add_argument("--no-whole", action="store_true", help="skip whole-clip encode/decode")
     p.add_argument("--torch", choices=["off", "on"], default="on")
     p.add_argument("--tiny", action="store_true", help="tiny VAE, for a CPU smoke run")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the synthetic world's autoencoder (configs/synthetic.py; e.g. --height 128 --width 224)")
     p.add_argument("--codec", nargs="+", choices=["vae", "tae"], default=["vae"],
                    help="vae: the exact Wan2.2 VAE; tae: the tiny autoencoder (models/tae.py)")
     p.add_argument("--conv-impls", nargs="+", default=["fold2d"],
@@ -242,7 +252,7 @@ def main() -> None:
         for conv_impl in a.conv_impls if codec == "vae" else ["fold2d"]:
             rows += bench_jax(a.latent_frames, a.height, a.width, a.dtype, a.iters, not a.no_whole, a.tiny,
                               checks, codec=codec, conv_impl=conv_impl, fp8_static=a.vae_fp8_static,
-                              conv_tiles=a.conv_tiles)
+                              conv_tiles=a.conv_tiles, synthetic=a.synthetic)
     print(f"\n{'impl':18s} {'op':56s} {'median ms':>10s} {'ms/frame':>9s}")
     for r in rows:
         print(f"{r['impl']:18s} {r['op']:56s} {r['median_ms']:10.2f} {r['per_frame_ms']:9.2f}")
