@@ -21,7 +21,7 @@ from rynn_jax.kinematics import streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.render.preview import save_png
 from rynn_jax.teleop import generate as gen
-from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene
+from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene, streaming_session
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
 
 H, W, FRAMES = 96, 160, 13  # the tiny student: a 5-frame first block, then 8-frame blocks → 13
@@ -141,7 +141,7 @@ def test_a_failed_write_on_the_writer_thread_raises_and_loses_nothing(tmp_path, 
         return real(ep, video, directory, meta)
 
     monkeypatch.setattr(gen, "write_episode", full_disk)
-    session = gen.streaming_session(None, None, 0)  # one session (compiled once) for both runs
+    session = streaming_session(None, None, 0)  # one session (compiled once) for both runs
     with pytest.raises(OSError, match="No space left"):
         gen.generate(root, out, batch=1, num_frames=7, height=H, width=W, session=session)
     assert gen._done(out / "p") and not gen._done(out / "q")  # p whole, q not taken for finished

@@ -187,7 +187,13 @@ def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool 
     unrolled for loaded weights only (faster serving, slower compiles: the tiny random model's short
     rollouts are dominated by compile time). `tae`: an official taew2_2 checkpoint decodes instead
     of the VAE."""
-    w = choose_weights(dit, vae, random_weights)
+    return session_for(choose_weights(dit, vae, random_weights), seed, fp8=fp8, fp8_scales=fp8_scales,
+                       vae_fp8_scales=vae_fp8_scales, tae=tae)
+
+
+def session_for(w: Weights, seed: int, *, fp8: bool = False, fp8_scales: str | None = None,
+                vae_fp8_scales: str | None = None, tae: str | None = None):
+    """`streaming_session` on weights already chosen (`choose_weights`)."""
     dit_model, vae_model = build_modules(w.dit, w.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
                                          vae_fp8_scales=vae_fp8_scales)
     decoder = None
@@ -256,8 +262,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
     stage("load")
     if weights.spec is not None:  # a student: streamed as served
-        model = streaming_session(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                  vae_fp8_scales=vae_fp8_scales)
+        model = session_for(weights, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
     else:
         model = build_world_model(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
                                   vae_fp8_scales=vae_fp8_scales)
@@ -337,8 +342,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     def world_model() -> tuple[StreamingSession, jax.Array]:
         """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
         t0 = time.perf_counter()
-        sess = streaming_session(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                 vae_fp8_scales=vae_fp8_scales, tae=tae, random_weights=weights.dit is None)
+        sess = session_for(weights, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
         context = empty_context(sess.dit_cfg.text_len, sess.dit_cfg.text_dim)[None]
         sess.compile((1, height, width, 3), context.shape)
         timings["world_model_build_compile"] = time.perf_counter() - t0

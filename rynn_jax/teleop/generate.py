@@ -89,7 +89,7 @@ from rynn_jax.teleop.demo import (
     choose_weights,
     height_width,
     read_reference,
-    streaming_session,
+    session_for,
 )
 from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text import empty_context, load_text_context, pad_context
@@ -317,8 +317,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     K = np.asarray(default_intrinsics(rcfg), np.float32)
     weights = "given session" if session is not None else chosen.label
     if todo and session is None:  # built up front (its text sizes pick each stream's context), compiled at the first batch
-        session = streaming_session(chosen.dit, chosen.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                    vae_fp8_scales=vae_fp8_scales, tae=tae, random_weights=chosen.dit is None)
+        session = session_for(chosen, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
     encoder = load_text_encoder(text_encoder, tokenizer, max_len=session.dit_cfg.text_len,
                                 dtype=session.dit_cfg.dtype) if todo and text_encoder else None
     contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
