@@ -13,8 +13,6 @@ frames, the clips it was distilled on).
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 from collections.abc import Sequence
 
@@ -22,13 +20,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rynn_jax import checkpoints, errors, sharding
-from rynn_jax.atomic import atomic_dir
+from rynn_jax import errors, sharding
 from rynn_jax.distill import config as config_lib
 from rynn_jax.distill import state as state_lib
-from rynn_jax.models import control
 from rynn_jax.teleop.student import StudentSpec, write_spec
 from rynn_jax.training import checkpointing, preflight
+from rynn_jax.training.export_weights import write_dit_dir
 from rynn_jax.training.config import apply_overrides
 
 
@@ -55,12 +52,8 @@ def export_student(cfg: config_lib.DistillConfig, out_dir: str, *, use_ema: bool
         raise errors.MissingFileError(f"ckpt.dir {cfg.ckpt.dir}: no readable checkpoint")
     params = state.ema if use_ema and len(state.ema) else state.student
     pure = jax.tree.map(lambda x: np.asarray(x, dtype), nnx.to_pure_dict(params))
-    model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
-    with atomic_dir(out_dir) as tmp:  # a cut export never looks like a finished one
-        checkpoints.save_params(tmp, pure, model_cfg)
-        if model_cfg.control == "add-plus":  # the (frozen) statistics it was distilled with
-            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
-        write_spec(tmp, spec_of(cfg, resolution))
+    # the (frozen) statistics it was distilled with beside the weights, and its serving spec
+    write_dit_dir(out_dir, pure, cfg.model, state.stats, extra=lambda tmp: write_spec(tmp, spec_of(cfg, resolution)))
     return int(state.step)
 
 

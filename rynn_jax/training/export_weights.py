@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -54,12 +54,22 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
                         nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     if dtype != "float32":
         pure = jax.tree.map(lambda x: np.asarray(x, dtype), pure)
-    model_cfg = dataclasses.replace(cfg.model, param_dtype="float32")
-    with atomic_dir(out_dir) as tmp:  # a cut export never looks like a finished one
-        checkpoints.save_params(tmp, pure, model_cfg)
-        if model_cfg.control == "add-plus":  # the running statistics: a record beside the weights
-            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(state.stats), model_cfg)
+    write_dit_dir(out_dir, pure, cfg.model, state.stats)
     return int(state.step)
+
+
+def write_dit_dir(out_dir: str, pure: dict, model_cfg, stats, extra: Callable[[str], None] | None = None) -> None:
+    """The converted-weights directory `load_dit` reads, written atomically (a cut export never
+    looks like a finished one): the weights (`pure`, in their storage dtype; the recorded config
+    says float32, what loaders cast back to), add-plus's running statistics `stats` as a record
+    beside them, and whatever `extra(tmp_dir)` adds."""
+    model_cfg = dataclasses.replace(model_cfg, param_dtype="float32")
+    with atomic_dir(out_dir) as tmp:
+        checkpoints.save_params(tmp, pure, model_cfg)
+        if model_cfg.control == "add-plus":
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(stats), model_cfg)
+        if extra is not None:
+            extra(tmp)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
