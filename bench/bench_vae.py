@@ -156,7 +156,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         model = vae.init_vae(cfg, 0)
     frames = 1 + 4 * (latent_frames - 1)
     key = jax.random.key(0)
-    s = cfg.spatial_stride if codec == "vae" else 16
+    s = cfg.spatial_stride
     z = jax.random.normal(key, (1, latent_frames, height // s, width // s, cfg.z_dim), jnp.float32)
     video = jnp.clip(jax.random.normal(key, (1, frames, height, width, 3), jnp.float32), -1, 1)
     if codec == "vae" and conv_impl == "kernel_fp8" and fp8_static:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The synthetic-world world model, end to end: data → autoencoder → pre-encoded latents → teacher →
-# exported bf16 weights → distilled causal student (phase A, phase B, export). Every stage is one of the project's own commands; re-running a stage resumes
-# it (episodes, shards and checkpoints are written atomically). Paths and sizes: configs/synthetic.py.
+# exported bf16 weights → distilled causal student (phase A, phase B, export). Every stage is one of
+# the project's own commands; re-running a stage resumes it (episodes, shards and checkpoints are
+# written atomically). Paths and sizes: configs/synthetic.py.
 #
 #   scripts/synthetic_world_model.sh all                 # every stage, in order
 #   scripts/synthetic_world_model.sh data heldout text   # some stages

@@ -118,7 +118,7 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
     def submit_ready(submit) -> None:
         # Always the task furthest behind (successes + attempts in flight, then attempts made), so
         # that a run stopped at any moment holds about as many episodes of every task.
-        while workers <= 1 and not inflight or len(inflight) < workers:
+        while (workers <= 1 and not inflight) or len(inflight) < workers:
             open_tasks = [t for t in tasks if succ[t] + pending(t) < n and next_attempt[t] < max_attempts]
             if not open_tasks:
                 return

@@ -72,6 +72,7 @@ fi
 has export && { $S export > out/export.log 2>&1; log "export rc=$?"; }
 has teacher || ! { has distill_a || has distill_b; } || use teacher
 has distill_a && { DISTILL_A_SECONDS=${DISTILL_A_SECONDS:-480} $S distill_a > out/distill_a.log 2>&1; log "distill A rc=$?"; }
+[ -z "${STUDENT_INIT:-}" ] || ! has distill_b || need "$STUDENT_INIT"
 has distill_b && { DISTILL_B_SECONDS=${DISTILL_B_SECONDS:-600} $S distill_b > out/distill_b.log 2>&1; log "distill B rc=$?"; }
 has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "distill export rc=$?"; }
 log ALLDONE
