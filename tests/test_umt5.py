@@ -141,6 +141,26 @@ def test_xxl_parameter_count_equals_transformers():
     assert 5.6e9 < ours < 5.8e9
 
 
+def test_initialisation_scales_equal_transformers():
+    """Random weights are drawn at T5's scales (transformers' UMT5 init). The query's is the one that
+    matters: T5 does not divide logits by sqrt(d_kv), so a query drawn like the other kernels makes
+    near-one-hot softmaxes that amplify rounding (batch-1 and batch-32 outputs 30 % apart at XXL)."""
+    import jax
+    from flax import nnx
+
+    cfg = umt5.UMT5Config(vocab_size=512, dim=128, num_heads=4, head_dim=32, ffn_dim=256, num_layers=2)
+    ours = {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+            jax.tree_util.tree_leaves_with_path(nnx.state(umt5.init_umt5(cfg), nnx.Param))}
+    torch.manual_seed(0)
+    ref = dict(transformers.UMT5EncoderModel(transformers.UMT5Config(**hf_config_dict(cfg))).named_parameters())
+    names = {"q": "0.SelfAttention.q", "k": "0.SelfAttention.k", "v": "0.SelfAttention.v", "o": "0.SelfAttention.o",
+             "ffn_gate": "1.DenseReluDense.wi_0", "ffn_up": "1.DenseReluDense.wi_1", "ffn_down": "1.DenseReluDense.wo"}
+    for ours_name, hf_name in names.items():
+        got = ours[f"['blocks']['{ours_name}']['kernel'].value"].std()
+        want = ref[f"encoder.block.0.layer.{hf_name}.weight"].detach().numpy().std()
+        assert abs(got / want - 1) < 0.05, f"{ours_name}: init std {got:.4f}, transformers {want:.4f}"
+
+
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (10, 12), (8, 16)])
 def test_relative_buckets_equal_transformers(num_buckets, max_distance):
     """Up to 512 tokens, where the float32 log ratio's truncation decides boundary buckets."""

@@ -96,11 +96,13 @@ def relative_buckets(length: int, num_buckets: int, max_distance: int) -> np.nda
 # --------------------------------------------------------------------------------------------------
 
 
-def _linear(cfg: UMT5Config, d_in: int, d_out: int, names: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
-    """Bias-free linear with logical axis names (T5 linears have no bias)."""
+def _linear(cfg: UMT5Config, d_in: int, d_out: int, names: tuple[str, str], rngs: nnx.Rngs,
+            std: float | None = None) -> nnx.Linear:
+    """Bias-free linear with logical axis names (T5 linears have no bias); init std d_in^-1/2 unless given."""
+    std = d_in ** -0.5 if std is None else std
     return nnx.Linear(d_in, d_out, use_bias=False, dtype=jnp.dtype(cfg.dtype),
                       param_dtype=jnp.dtype(cfg.param_dtype),
-                      kernel_init=nnx.with_partitioning(nnx.initializers.normal(d_in ** -0.5), names), rngs=rngs)
+                      kernel_init=nnx.with_partitioning(nnx.initializers.normal(std), names), rngs=rngs)
 
 
 class UMT5Block(nnx.Module):
@@ -109,7 +111,10 @@ class UMT5Block(nnx.Module):
         d, a = cfg.dim, cfg.attn_dim
         ones = nnx.initializers.ones_init()
         self.norm_attn = param(rngs, ones, (d,), cfg.param_dtype, ("embed",))
-        self.q = _linear(cfg, d, a, ("embed", "heads"), rngs)
+        # T5's query init, (d_model·d_kv)^-1/2: the logits are not scaled by 1/sqrt(d_kv), so a query
+        # drawn like the other kernels gives logits of std ≈ sqrt(d_kv) and near-one-hot softmaxes whose
+        # rounding differences grow layer by layer (random XXL weights: 30 % apart between batch sizes).
+        self.q = _linear(cfg, d, a, ("embed", "heads"), rngs, std=(d * cfg.head_dim) ** -0.5)
         self.k = _linear(cfg, d, a, ("embed", "heads"), rngs)
         self.v = _linear(cfg, d, a, ("embed", "heads"), rngs)
         self.o = _linear(cfg, a, d, ("heads", "embed"), rngs)
