@@ -41,6 +41,7 @@ from rynn_jax.kinematics import streams
 from rynn_jax.live import protocol
 from rynn_jax.live.operator import Kinematics, Operator, TickQueue
 from rynn_jax.live.recorder import Recorder
+from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
 from rynn_jax.teleop.demo import (IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, check_model_flags, check_resolution,
                                   height_width, read_reference, streaming_session)
@@ -93,9 +94,11 @@ class LiveServer:
         self.next_id = 1
         self.writes: set[asyncio.Future] = set()
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="rynn-live-io")
+        self.sims = SimCatalog(world.height, world.width, self.pool)  # sessions started from a sim task
         self.app = web.Application(client_max_size=1 << 20)
         self.app.add_routes([web.get("/", self._index), web.get("/ws", self._ws), web.get("/stats", self._stats),
-                             web.get("/sample.json", self._sample), web.static("/static", STATIC_DIR)])
+                             web.get("/sample.json", self._sample), web.static("/static", STATIC_DIR),
+                             *self.sims.routes(self.authorized)])
         self.app.on_shutdown.append(self._on_shutdown)
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -125,6 +128,7 @@ class LiveServer:
             await self.runner.cleanup()  # on_shutdown: sessions closed, recordings written
         await asyncio.get_running_loop().run_in_executor(None, self.world.stop)
         self.pool.shutdown(wait=True)
+        self.sims.close()
 
     async def _on_shutdown(self, app) -> None:
         conns = list(self.connections)
@@ -197,6 +201,7 @@ class Connection:
         self.start_msg: protocol.Start | None = None
         self.recorder: Recorder | None = None
         self.image = self.context = None
+        self.intrinsics = server.world.intrinsics  # the skeleton camera's (a sim task's own)
         self.out: asyncio.Queue = asyncio.Queue(self.cfg.out_queue)
         self.blocks: asyncio.Queue = asyncio.Queue()
         self.counts = collections.Counter()
@@ -315,31 +320,36 @@ class Connection:
         if self.operator is not None:
             raise protocol.ProtocolError("already_started", "this session has started already")
         world, server = self.server.world, self.server
-        image = start.image if start.image is not None else server.sample_image
+        sim = await server.sims.get(start.sim) if start.sim is not None else None  # bad_start / sim_failed
+        image = sim.image if sim else start.image if start.image is not None else server.sample_image
+        prompt = start.prompt or (sim.prompt if sim else "")
         try:
-            self.context = server.contexts(start.prompt)
+            self.context = server.contexts(prompt)
         except (ValueError, OSError) as e:
             raise protocol.ProtocolError("bad_prompt", f"start: no text context for this prompt ({e})") from None
         loop = asyncio.get_running_loop()
         fitted = await loop.run_in_executor(server.pool, fit_image, image, world.height, world.width)
         self.image = fitted.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
-        camera = start.camera if start.camera is not None else server.sample_camera
+        camera = sim.camera if sim else start.camera if start.camera is not None else server.sample_camera
+        self.intrinsics = sim.intrinsics if sim else world.intrinsics
         self.operator = Operator(server.kin, camera, self.queue)
         self.start_msg = start
         if start.record:
             name = start.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{self.id}"
-            meta = {"task_description": start.prompt, "source": "rynn_jax.live (world model, live session)",
-                    "intrinsics": world.intrinsics, "weights": self.cfg.weights, "seed": self.cfg.seed,
+            meta = {"task_description": prompt, "source": "rynn_jax.live (world model, live session)",
+                    "sim": dataclasses.asdict(start.sim) if sim else None,
+                    "intrinsics": self.intrinsics, "weights": self.cfg.weights, "seed": self.cfg.seed,
                     "session": self.id, "observation.state": "the previous step's command (generated: no robot "
                                                              "measured it)"}
-            self.recorder = Recorder(Path(self.cfg.record_dir), name, fitted, start.prompt, self.context, meta,
+            self.recorder = Recorder(Path(self.cfg.record_dir), name, fitted, prompt, self.context, meta,
                                      self.cfg.record_max_frames)
             self.operator.keep_frames = True
         world.join(self)  # never full: connections ≤ slots
         self.send({"type": "ready", "protocol": "rynn-live/1", "session": self.id, "height": world.height,
                    "width": world.width, "fps": streams.VIDEO_FPS, "frames": start.frames,
                    "first_block": world.frames.session_first, "block": world.frames.later,
-                   "recording": self.recorder is not None})
+                   "recording": self.recorder is not None, "prompt": prompt,
+                   "sim": dataclasses.asdict(start.sim) if sim else None})
 
     async def _frames(self) -> None:
         """Blocks from the world model → messages (frames encoded on a worker thread, in order)."""
