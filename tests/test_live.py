@@ -422,6 +422,75 @@ def test_a_bad_or_failing_sim_start_is_refused_and_other_sessions_go_on(live, mo
     assert not b.of("error") and (TASK, 99) not in runner.server.sims._built  # a failed build is not kept
 
 
+@pytest.fixture(scope="module")
+def sim_session(live, sim):
+    """One sim session with the replay: a burst of the scripted operator's first block (the replay
+    falls behind and skips), then three blocks' worth at real time."""
+    _, url = live
+    frames = protocol.frames_at(sim.stream, streams.VIDEO_FPS)[:FIRST + 3 * LATER]
+
+    async def go():
+        async with LiveClient(url) as c:
+            await c.start(sim={"task": TASK, "seed": SEED}, replay=True, frames="raw", skeleton=True)
+            await c.until(lambda c: c.count("ready"))
+            for f in frames[:FIRST]:
+                await c.frame(f)
+            await c.until(lambda c: c.count("block") == 1)
+            for f in frames[FIRST:]:
+                await c.frame(f)
+                await asyncio.sleep(1 / streams.VIDEO_FPS)
+            await c.until(lambda c: any(s["ticks"] == len(frames) and s["replay_frames"] + s["replay_skipped"]
+                                        == len(frames) for s in c.of("stats")))
+            return c
+
+    return frames, run(go())
+
+
+def test_a_sim_session_gets_the_offline_joint_commands_and_skeleton_of_the_scripted_operator(live, sim, sim_session):
+    runner, _ = live
+    frames, c = sim_session
+    ready = c.of("ready")[0]
+    assert (ready["prompt"], ready["sim"], ready["replay"]) == (scenes.DESCRIPTIONS[TASK], {"task": TASK, "seed": SEED},
+                                                                True)
+    stream = stream_of(frames, sim.camera)
+    want = retarget_stream(stream, hz=streams.VIDEO_FPS, cfg=retarget.realtime_config())["actions"]
+    got = np.asarray([j["action"] for j in c.of("joints")])
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert np.abs(got - got[0]).max() > 0.1  # the script moves the arms
+    # The skeleton goes through the sim's head camera (its own intrinsics), not the sample's.
+    t = np.asarray([ti for kind, _, ti, _ in c.images if kind == "S"])
+    skeleton = np.stack([im for kind, _, _, im in c.images if kind == "S"]).astype(int)
+    joints, elbows, valid = hands_in_camera(stream, t)
+    rcfg = runner.server.world.rcfg
+    want = np.asarray(render_video(rcfg, joints, elbows, sim.intrinsics, valid))
+    other = np.asarray(render_video(rcfg, joints, elbows, runner.server.world.intrinsics, valid))
+    diff = np.abs(skeleton - want)
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-4, (diff.max(), (diff > 0).mean())
+    assert want.std() > 5 and np.abs(skeleton - other).mean() > 1
+
+
+def test_the_replay_shows_the_sim_robot_following_the_joint_commands(sim, sim_session):
+    frames, c = sim_session
+    replay = [(i, t, im) for kind, i, t, im in c.images if kind == "M"]
+    stats = next(s for s in c.of("stats") if s["ticks"] == len(frames) and s["replay_frames"] + s["replay_skipped"]
+                 == len(frames))
+    assert len(replay) == stats["replay_frames"] >= 8 and stats["replay_skipped"] >= 1, stats
+    index = [i for i, _, _ in replay]
+    assert index == sorted(set(index)) and index[-1] == len(frames) - 1
+    assert [t for _, t, _ in replay] == [frames[i].t for i in index]  # stamped with the tick's input time
+    # Oracle: a sim episode's own simulate() from the settled scene through the same commands (the
+    # robot starts at home), rendered by the episode's renderer.
+    scene = scenes.build(TASK, SEED, width=W, height=H, shadows=False)
+    d = episode.settle(scene)
+    actions = np.asarray([d.qpos[:54]] + [j["action"] for j in c.of("joints")])
+    qpos = episode.simulate(scene, d, actions)["qpos"]
+    want = episode.render_frames(scene, qpos[np.asarray(index) + 1], H, W)["rgb"]
+    got = np.stack([im for _, _, im in replay])
+    np.testing.assert_array_equal(got, want)
+    assert got.std(axis=(1, 2, 3)).min() > 10  # not blank
+    assert np.abs(got[-1].astype(int) - got[0]).mean() > 2  # the robot moved
+
+
 # --------------------------------------------------------------------------------------------------
 # The page in a real browser
 # --------------------------------------------------------------------------------------------------

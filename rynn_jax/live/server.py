@@ -41,6 +41,7 @@ from rynn_jax.kinematics import streams
 from rynn_jax.live import protocol
 from rynn_jax.live.operator import Kinematics, Operator, TickQueue
 from rynn_jax.live.recorder import Recorder
+from rynn_jax.live.replay import Replay
 from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
 from rynn_jax.teleop.demo import (IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, check_model_flags, check_resolution,
@@ -66,6 +67,7 @@ class LiveConfig:
     out_queue: int = 1024  # messages waiting for a slow client; more are dropped (counted)
     record_dir: Path = Path("outputs/live")
     record_max_frames: int = 4800  # 5 minutes at 16 fps; recording stops there (the session goes on)
+    replay_fps: float = 16.0  # MuJoCo replay frames per second per session, at most (behind: skip to the newest)
     weights: str = "tiny random (demo)"
     seed: int = 0
 
@@ -202,6 +204,7 @@ class Connection:
         self.recorder: Recorder | None = None
         self.image = self.context = None
         self.intrinsics = server.world.intrinsics  # the skeleton camera's (a sim task's own)
+        self.replay: Replay | None = None
         self.out: asyncio.Queue = asyncio.Queue(self.cfg.out_queue)
         self.blocks: asyncio.Queue = asyncio.Queue()
         self.counts = collections.Counter()
@@ -241,6 +244,8 @@ class Connection:
             await self._reader()
         finally:
             self.server.world.leave(self)
+            if self.replay is not None:
+                await self.replay.close()
             await self._save()
             await self._flush()
             for t in tasks:
@@ -315,6 +320,8 @@ class Connection:
         self.send(joints)
         if ticks:
             self.server.world.poke()
+            if self.replay is not None:
+                self.replay.put(ticks)
 
     async def _on_start(self, start: protocol.Start) -> None:
         if self.operator is not None:
@@ -332,6 +339,10 @@ class Connection:
         self.image = fitted.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
         camera = sim.camera if sim else start.camera if start.camera is not None else server.sample_camera
         self.intrinsics = sim.intrinsics if sim else world.intrinsics
+        if start.replay:
+            replay = Replay(sim, server.sims.gl, self.send, start.frames, self.cfg.replay_fps, self.error)
+            await replay.open()  # sim_failed
+            self.replay = replay
         self.operator = Operator(server.kin, camera, self.queue)
         self.start_msg = start
         if start.record:
@@ -349,7 +360,7 @@ class Connection:
                    "width": world.width, "fps": streams.VIDEO_FPS, "frames": start.frames,
                    "first_block": world.frames.session_first, "block": world.frames.later,
                    "recording": self.recorder is not None, "prompt": prompt,
-                   "sim": dataclasses.asdict(start.sim) if sim else None})
+                   "sim": dataclasses.asdict(start.sim) if sim else None, "replay": self.replay is not None})
 
     async def _frames(self) -> None:
         """Blocks from the world model → messages (frames encoded on a worker thread, in order)."""
@@ -415,6 +426,8 @@ class Connection:
                 "dropped": self.queue.dropped, "held": self.counts["held"], "too_fast": self.counts["too_fast"],
                 "rejected": self.counts["frames_rejected"], "errors": self.counts["errors"],
                 "dropped_out": self.counts["dropped_out"], "frames_skipped": self.counts["frames_skipped"],
+                "replay_frames": self.replay.frames if self.replay else None,
+                "replay_skipped": self.replay.skipped if self.replay else None,
                 "recording": self.recorder.frames if self.recorder is not None else None}
 
     async def _save(self) -> None:
