@@ -506,6 +506,18 @@ def test_the_page_plays_the_sample_and_shows_changing_generated_frames(live):
     assert text["status"].startswith("streaming") and float(text["latency"]) > 0 and int(text["joints_rate"]) > 10
 
 
+@needs_chromium
+def test_the_page_starts_a_sim_task_and_shows_changing_generated_and_replay_frames(live, sim):
+    runner, _ = live
+    (early, late), text = page_shots(runner, f"task={TASK}&seed={SEED}&replay=1&autostart=1", "shown", (6, 24),
+                                     ("generated", "replay_view"), ("status", "replay_shown", "prompt"))
+    for panel in ("generated", "replay_view"):
+        assert early[panel].std() > 10 and late[panel].std() > 10, f"the {panel} panel is blank"
+        assert np.abs(early[panel] - late[panel]).mean() > 1, f"the {panel} panel does not change"
+    assert text["status"].startswith("streaming") and int(text["replay_shown"]) >= 10
+    assert text["prompt"] == scenes.DESCRIPTIONS[TASK]
+
+
 def test_sigterm_closes_every_session_and_writes_its_recording(live, tmp_path):
     """The module's last test: `serve` stops the shared world model on its way out."""
     runner, _ = live
