@@ -107,7 +107,8 @@ def page_shots(runner: ServerThread, query: str, counter: str, counts: tuple[int
         try:
             driver.get(f"http://127.0.0.1:{port}/?{query}")
             wait = lambda n: driver.execute_async_script(  # noqa: E731
-                "const [id, n, done] = arguments; const t0 = Date.now(); const v = () => +document.getElementById(id).textContent;"
+                "const [id, n, done] = arguments; const t0 = Date.now();"
+                "const v = () => +document.getElementById(id).textContent;"
                 "const tick = () => (v() >= n || Date.now() - t0 > 60000) ? done(v()) : setTimeout(tick, 100);"
                 "tick();", counter, n)
             driver.set_script_timeout(90)

@@ -515,7 +515,7 @@ def build(a) -> LiveServer:
     contexts = text_contexts(a.text, a.text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
     cfg = LiveConfig(host=a.host, port=a.port, token=a.token, max_message_bytes=a.max_message_bytes,
                      max_frame_bytes=a.max_frame_bytes, max_fps=a.max_fps, idle_timeout_s=a.idle_timeout,
-                     record_dir=Path(a.record_dir), seed=a.seed,
+                     record_dir=Path(a.record_dir), seed=a.seed, replay_fps=a.replay_fps,
                      weights="converted" if a.dit else "tiny random (demo)")
     return LiveServer(world, kin, contexts, cfg)
 
@@ -558,6 +558,8 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds without a message before closing")
     p.add_argument("--max-wait", type=float, default=0.5,
                    help="seconds a block waits for a late operator before holding its last pose")
+    p.add_argument("--replay-fps", type=float, default=16.0, help="MuJoCo replay frames per second per session "
+                   "(at most; behind: the newest tick)")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     return p
 
@@ -567,9 +569,10 @@ def check(a) -> None:
     if not is_loopback(a.host) and not a.token:
         raise errors.UsageError(f"--host {a.host}: binding beyond localhost needs a token",
                                 fix=f"pass --token or set {TOKEN_ENV}")
-    if a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0:
-        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps and "
-                                "--idle-timeout > 0")
+    if (a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0
+            or not a.replay_fps > 0):
+        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps, "
+                                "--idle-timeout and --replay-fps > 0")
     check_resolution(*a.resolution)
     check_model_flags(dit=a.dit, vae=a.vae, tae=a.tae, text=a.text)
     if a.text_embeddings:
