@@ -3,8 +3,10 @@
 Oracles: a live session's joint commands are `retarget_stream` of the same frames recorded as a
 file (the offline path), its skeleton frames `render_video` of `hands_in_camera` (what `serve.py
 generate` renders), its generated frames the offline `generate.rollout` of those skeleton frames
-through the same session with the same keys; a recording reads back through `RobotSource`.
-One server (tiny random model, 2 slots) is compiled for the whole module; loopback only.
+through the same session with the same keys; a recording reads back through `RobotSource`. A sim
+session's reference view and MuJoCo replay frames are a sim episode's own (`render_frames` of the
+settled scene, of `simulate` through the same commands). One server (tiny random model, 2 slots)
+is compiled for the whole module; loopback only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import time
 
 import aiohttp
+import jax
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -28,20 +31,40 @@ from rynn_jax.kinematics import retarget, streams
 from rynn_jax.kinematics.cli import retarget_stream
 from rynn_jax.live import protocol, sim_start
 from rynn_jax.live.client import LiveClient
-from rynn_jax.live.operator import stream_of
-from rynn_jax.live.server import LiveConfig, LiveServer, serve
-from rynn_jax.live.world import slot_keys
+from rynn_jax.live.operator import Kinematics, stream_of
+from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread, serve
+from rynn_jax.live.world import LiveWorld, slot_keys
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.sim import episode, scenes
-from rynn_jax.teleop.generate import fit_image, rollout
+from rynn_jax.teleop.demo import streaming_session
+from rynn_jax.teleop.generate import fit_image, rollout, text_contexts
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
-from tests._live import FIRST, LATER, SLOTS, H, W, needs_chromium, page_shots, run, start_server
+from tests._browser import needs_chromium, page_shots
+
+H, W = 64, 96
+SLOTS = 2
+FIRST, LATER = 5, 8  # the tiny student's blocks: 1 + 4(F−1) frames, then 4F (F = 2)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    runner = start_server(tmp_path_factory.mktemp("record"))
-    yield runner, runner.url
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates at this size
+    try:
+        session = streaming_session(None, None, 0)
+        world = LiveWorld(session, SLOTS, H, W, seed=7, max_wait_s=5.0, admit_wait_s=2.0)
+        world.compile()
+        kin = Kinematics.build()
+        kin.warm_up()
+        contexts = text_contexts(None, None, session.dit_cfg.text_len, session.dit_cfg.text_dim)
+        cfg = LiveConfig(port=0, max_fps=100.0, idle_timeout_s=20.0, record_dir=tmp_path_factory.mktemp("record"),
+                         seed=7)
+        server = LiveServer(world, kin, contexts, cfg)
+        runner = ServerThread(server)
+        url = runner.__enter__()
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+    yield runner, url
     runner.stop()
 
 
@@ -56,6 +79,10 @@ def config(live):
 
     yield swap
     runner.server.cfg = original
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def test_frame_messages_parse_and_bad_ones_name_the_problem():
@@ -320,7 +347,7 @@ def test_a_recorded_session_reads_back_as_a_robot_episode(live, two_sessions):
 
 
 # --------------------------------------------------------------------------------------------------
-# Sessions started from a sim task
+# Sessions started from a sim task, with the MuJoCo replay
 # --------------------------------------------------------------------------------------------------
 
 TASK, SEED = "dual_pick", 3

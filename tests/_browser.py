@@ -1,9 +1,8 @@
-"""Test helper: a live server on loopback (tiny random model, 2 slots) and the page in headless Chromium
-inside a network namespace of its own (tests/test_live.py, tests/test_live_sim.py)."""
+"""Test helper: the live page in headless Chromium, inside a network namespace of its own where only
+loopback is up (tests/test_live.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import shutil
@@ -11,46 +10,15 @@ import socket
 import subprocess
 import threading
 
-import jax
 import numpy as np
 import pytest
 
-from rynn_jax.live.operator import Kinematics
-from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread
-from rynn_jax.live.world import LiveWorld
-from rynn_jax.teleop.demo import streaming_session
-from rynn_jax.teleop.generate import text_contexts
+from rynn_jax.live.server import ServerThread
 
-H, W = 64, 96
-SLOTS = 2
-FIRST, LATER = 5, 8  # the tiny student's blocks: 1 + 4(F−1) frames, then 4F (F = 2)
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 needs_chromium = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and "
                                     "chromium-driver (apt-get install chromium chromium-driver)")
-
-
-def start_server(record_dir) -> ServerThread:
-    """The tiny model compiled for `SLOTS` sessions at H×W, served on 127.0.0.1 (any free port)."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates at this size
-    try:
-        session = streaming_session(None, None, 0)
-        world = LiveWorld(session, SLOTS, H, W, seed=7, max_wait_s=5.0, admit_wait_s=2.0)
-        world.compile()
-        kin = Kinematics.build()
-        kin.warm_up()
-        contexts = text_contexts(None, None, session.dit_cfg.text_len, session.dit_cfg.text_dim)
-        cfg = LiveConfig(port=0, max_fps=100.0, idle_timeout_s=20.0, record_dir=record_dir, seed=7)
-        runner = ServerThread(LiveServer(world, kin, contexts, cfg))
-        runner.url = runner.__enter__()
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
-    return runner
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def in_own_netns(fn):
