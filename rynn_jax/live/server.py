@@ -7,7 +7,8 @@ then open http://127.0.0.1:8765/ . One WebSocket (`/ws`) per operator session: o
 frames out per block, each stamped with the input time it answers (docs/LIVE.md). All sessions share
 one compiled batched `StreamingSession` (`live.world`); per-frame IK runs on the event loop
 (`live.operator`, ≈ 1 ms on the CPU), the world model on its own thread, frame encoding and episode
-writing on worker threads.
+writing on worker threads. A session may start from a sim task's scene and scripted operator
+(`live.sim_start`) and get the task's robot replaying its joint commands (`live.replay`, MuJoCo thread).
 
 Limits: the server binds to localhost unless `--host` says otherwise, and any other bind needs a
 token (`--token` or RYNN_LIVE_TOKEN), checked on connect (`?token=`); at most `--max-sessions`
