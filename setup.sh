@@ -3,7 +3,8 @@
 # Python packages.
 #
 #   ./setup.sh          # runtime: requirements.txt (the demo, training, serving)
-#   ./setup.sh --test   # + test tools: requirements-test.txt (what CI runs)
+#   ./setup.sh --test   # + test tools: requirements-test.txt (what CI runs), and Debian's chromium +
+#                       # chromium-driver for the live page's browser tests (skipped without them)
 #
 # MuJoCo renders offscreen through OpenGL (the synthetic world, `serve.py demo --world sim`, replay
 # videos). pip cannot install a GL driver, so this installs Mesa's software one (Debian/Ubuntu
@@ -16,7 +17,7 @@ requirements=requirements.txt
 for arg in "$@"; do
   case "$arg" in
     --test) requirements=requirements-test.txt ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -50,5 +51,17 @@ if [ "$requirements" = requirements-test.txt ]; then
   # rynn_jax.aot): the wheel jax pins for its own version (~213 MB, a few seconds from the cache).
   jax_version=$("${PYTHON:-python3}" -c 'import jax; print(jax.__version__)')
   "${PYTHON:-python3}" -m pip install -q "jax[tpu]==${jax_version}"
+  # Headless Chromium for tests/test_live.py's page tests (driven by selenium, loopback only).
+  if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    if command -v apt-get >/dev/null 2>&1 && $sudo true 2>/dev/null; then
+      echo "setup.sh: installing chromium + chromium-driver (the live page's browser tests) with apt-get"
+      $sudo apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+    else
+      echo "setup.sh: no chromium + chromium-driver and no root apt-get: the live page's browser tests will skip" >&2
+    fi
+  fi
 fi
 echo "setup.sh: done (${requirements})"

@@ -3,8 +3,10 @@
 Oracles: a live session's joint commands are `retarget_stream` of the same frames recorded as a
 file (the offline path), its skeleton frames `render_video` of `hands_in_camera` (what `serve.py
 generate` renders), its generated frames the offline `generate.rollout` of those skeleton frames
-through the same session with the same keys; a recording reads back through `RobotSource`.
-One server (tiny random model, 2 slots) is compiled for the whole module; loopback only.
+through the same session with the same keys; a recording reads back through `RobotSource`. A sim
+session's reference view and MuJoCo replay frames are a sim episode's own (`render_frames` of the
+settled scene, of `simulate` through the same commands). One server (tiny random model, 2 slots)
+is compiled for the whole module; loopback only.
 """
 
 from __future__ import annotations
@@ -13,12 +15,10 @@ import asyncio
 import dataclasses
 import json
 import os
-import shutil
 import signal
-import subprocess
-import threading
 import time
 
+import aiohttp
 import jax
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,15 +29,17 @@ from rynn_jax.data.clips import ClipConfig, ClipRef
 from rynn_jax.errors import UsageError
 from rynn_jax.kinematics import retarget, streams
 from rynn_jax.kinematics.cli import retarget_stream
-from rynn_jax.live import protocol
+from rynn_jax.live import protocol, sim_start
 from rynn_jax.live.client import LiveClient
 from rynn_jax.live.operator import Kinematics, stream_of
 from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread, serve
 from rynn_jax.live.world import LiveWorld, slot_keys
-from rynn_jax.render import render_video
+from rynn_jax.render import RenderConfig, default_intrinsics, render_video
+from rynn_jax.sim import episode, scenes
 from rynn_jax.teleop.demo import streaming_session
 from rynn_jax.teleop.generate import fit_image, rollout, text_contexts
 from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from tests._browser import needs_chromium, page_shots
 
 H, W = 64, 96
 SLOTS = 2
@@ -345,87 +347,202 @@ def test_a_recorded_session_reads_back_as_a_robot_episode(live, two_sessions):
 
 
 # --------------------------------------------------------------------------------------------------
+# Sessions started from a sim task, with the MuJoCo replay
+# --------------------------------------------------------------------------------------------------
+
+TASK, SEED = "dual_pick", 3
+
+
+def test_sim_start_fields_are_checked():
+    base = {"type": "start", "schema": protocol.SCHEMA}
+    good = protocol.parse_text(json.dumps({**base, "sim": {"task": TASK, "seed": SEED}, "replay": True}))
+    assert good.sim == protocol.SimRef(TASK, SEED) and good.replay
+    for bad in ({"sim": {"task": TASK, "seed": -1}}, {"sim": {"task": TASK, "seed": 1.5}}, {"sim": TASK},
+                {"sim": {"task": TASK, "seed": True}}, {"sim": {"task": TASK, "colour": 1}}, {"replay": True},
+                {"sim": {"task": TASK}, "T_world_camera": np.eye(4).tolist()},
+                {"sim": {"task": TASK}, "replay": True, "frames": "none"}):
+        with pytest.raises(protocol.ProtocolError) as e:
+            protocol.parse_text(json.dumps({**base, **bad}))
+        assert e.value.code == "bad_start", bad
+
+
+def _get(runner, path: str) -> tuple[int, bytes]:
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{runner.server.port}{path}") as r:
+                return r.status, await r.read()
+
+    return run(go())
+
+
+@pytest.fixture(scope="module")
+def sim(live):
+    runner, _ = live
+    return runner.call(runner.server.sims.get(protocol.SimRef(TASK, SEED)), timeout=300)
+
+
+def test_a_sim_task_gives_its_head_camera_view_and_intrinsics(sim):
+    scene = scenes.build(TASK, SEED, width=W, height=H, shadows=False)  # an episode's own scene and render
+    want = episode.render_frames(scene, episode.settle(scene).qpos[None], H, W)["rgb"][0]
+    np.testing.assert_array_equal(sim.image, want)
+    assert want.std() > 10
+    np.testing.assert_allclose(sim.intrinsics, scenes.camera_intrinsics(scene.model, W, H))
+    assert np.abs(sim.intrinsics - default_intrinsics(RenderConfig(height=H, width=W))).max() > 5  # not the sample's
+
+
+def test_http_lists_the_sim_tasks_and_serves_their_scripted_operator(live, sim, monkeypatch):
+    runner, _ = live
+    status, body = _get(runner, "/sim.json")
+    assert status == 200 and [t["task"] for t in json.loads(body)["tasks"]] == list(scenes.TASKS)
+    built = []
+    monkeypatch.setattr(runner.server.sims, "builder", lambda *a: built.append(a) or sim_start.build(*a))
+    status, body = _get(runner, f"/sim/{TASK}.json?seed={SEED}")
+    assert status == 200
+    got = json.loads(body)
+    assert (got["schema"], got["task"], got["seed"], got["prompt"]) == (protocol.SCHEMA, TASK, SEED,
+                                                                        scenes.DESCRIPTIONS[TASK])
+    np.testing.assert_allclose(got["T_world_camera"], sim.stream.meta["T_world_camera"])
+    want = protocol.frames_at(sim.stream, 60.0)
+    assert len(got["frames"]) == len(want) > 60 * 6  # the whole script (7 s)
+    for g, w in zip(got["frames"][::40], want[::40]):
+        f = protocol.parse_text(json.dumps(g))  # what the page sends back is a valid frame
+        assert f.t == pytest.approx(w.t - want[0].t)
+        np.testing.assert_allclose(f.tracker_pose, w.tracker_pose)
+        np.testing.assert_allclose(f.hand_keypoints, w.hand_keypoints)
+    assert _get(runner, f"/sim/{TASK}.json?seed={SEED}") == (200, body) and not built  # cached per (task, seed)
+    assert _get(runner, "/sim/juggling.json")[0] == 404
+    assert _get(runner, f"/sim/{TASK}.json?seed=-1")[0] == 400
+
+
+def test_a_bad_or_failing_sim_start_is_refused_and_other_sessions_go_on(live, monkeypatch):
+    runner, url = live
+
+    def builder(task, seed, *rest):
+        if seed == 99:
+            raise RuntimeError("the scene exploded")
+        return sim_start.build(task, seed, *rest)
+
+    monkeypatch.setattr(runner.server.sims, "builder", builder)
+    f = protocol.frames_at(synthetic_stream(9, seed=3), 16.0)
+
+    async def go():
+        async with LiveClient(url) as a, LiveClient(url) as b:
+            await b.start(frames="none")
+            await b.until(lambda c: c.count("ready"))
+            await a.start(sim={"task": "juggling"}, frames="none")
+            await a.until(lambda c: c.count("error") == 1)
+            await a.start(sim={"task": TASK, "seed": 99}, frames="none")
+            await a.until(lambda c: c.count("error") == 2)
+            await b.frame(f[0])
+            await a.start(frames="none")  # the session goes on: a start that works
+            await a.until(lambda c: c.count("ready"))
+            await a.frame(f[0])
+            await b.frame(f[1])
+            await a.until(lambda c: c.count("joints") == 1)
+            await b.until(lambda c: c.count("joints") == 2)
+            return a, b
+
+    a, b = run(go())
+    assert [e["code"] for e in a.of("error")] == ["bad_start", "sim_failed"]
+    assert "unknown sim task 'juggling'" in a.of("error")[0]["message"]
+    assert "the scene exploded" in a.of("error")[1]["message"]
+    assert not b.of("error") and (TASK, 99) not in runner.server.sims._built  # a failed build is not kept
+
+
+@pytest.fixture(scope="module")
+def sim_session(live, sim):
+    """One sim session with the replay: a burst of the scripted operator's first block (the replay
+    falls behind and skips), then three blocks' worth at real time."""
+    _, url = live
+    frames = protocol.frames_at(sim.stream, streams.VIDEO_FPS)[:FIRST + 3 * LATER]
+
+    async def go():
+        async with LiveClient(url) as c:
+            await c.start(sim={"task": TASK, "seed": SEED}, replay=True, frames="raw", skeleton=True)
+            await c.until(lambda c: c.count("ready"))
+            for f in frames[:FIRST]:
+                await c.frame(f)
+            await c.until(lambda c: c.count("block") == 1)
+            for f in frames[FIRST:]:
+                await c.frame(f)
+                await asyncio.sleep(1 / streams.VIDEO_FPS)
+            await c.until(lambda c: any(s["ticks"] == len(frames) and s["replay_frames"] + s["replay_skipped"]
+                                        == len(frames) for s in c.of("stats")))
+            return c
+
+    return frames, run(go())
+
+
+def test_a_sim_session_gets_the_offline_joint_commands_and_skeleton_of_the_scripted_operator(live, sim, sim_session):
+    runner, _ = live
+    frames, c = sim_session
+    ready = c.of("ready")[0]
+    assert (ready["prompt"], ready["sim"], ready["replay"]) == (scenes.DESCRIPTIONS[TASK], {"task": TASK, "seed": SEED},
+                                                                True)
+    stream = stream_of(frames, sim.camera)
+    want = retarget_stream(stream, hz=streams.VIDEO_FPS, cfg=retarget.realtime_config())["actions"]
+    got = np.asarray([j["action"] for j in c.of("joints")])
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert np.abs(got - got[0]).max() > 0.1  # the script moves the arms
+    # The skeleton goes through the sim's head camera (its own intrinsics), not the sample's.
+    t = np.asarray([ti for kind, _, ti, _ in c.images if kind == "S"])
+    skeleton = np.stack([im for kind, _, _, im in c.images if kind == "S"]).astype(int)
+    joints, elbows, valid = hands_in_camera(stream, t)
+    rcfg = runner.server.world.rcfg
+    want = np.asarray(render_video(rcfg, joints, elbows, sim.intrinsics, valid))
+    other = np.asarray(render_video(rcfg, joints, elbows, runner.server.world.intrinsics, valid))
+    diff = np.abs(skeleton - want)
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-4, (diff.max(), (diff > 0).mean())
+    assert want.std() > 5 and np.abs(skeleton - other).mean() > 1
+
+
+def test_the_replay_shows_the_sim_robot_following_the_joint_commands(sim, sim_session):
+    frames, c = sim_session
+    replay = [(i, t, im) for kind, i, t, im in c.images if kind == "M"]
+    stats = next(s for s in c.of("stats") if s["ticks"] == len(frames) and s["replay_frames"] + s["replay_skipped"]
+                 == len(frames))
+    assert len(replay) == stats["replay_frames"] >= 8 and stats["replay_skipped"] >= 1, stats
+    index = [i for i, _, _ in replay]
+    assert index == sorted(set(index)) and index[-1] == len(frames) - 1
+    assert [t for _, t, _ in replay] == [frames[i].t for i in index]  # stamped with the tick's input time
+    # Oracle: a sim episode's own simulate() from the settled scene through the same commands (the
+    # robot starts at home), rendered by the episode's renderer.
+    scene = scenes.build(TASK, SEED, width=W, height=H, shadows=False)
+    d = episode.settle(scene)
+    actions = np.asarray([d.qpos[:54]] + [j["action"] for j in c.of("joints")])
+    qpos = episode.simulate(scene, d, actions)["qpos"]
+    want = episode.render_frames(scene, qpos[np.asarray(index) + 1], H, W)["rgb"]
+    got = np.stack([im for _, _, im in replay])
+    np.testing.assert_array_equal(got, want)
+    assert got.std(axis=(1, 2, 3)).min() > 10  # not blank
+    assert np.abs(got[-1].astype(int) - got[0]).mean() > 2  # the robot moved
+
+
+# --------------------------------------------------------------------------------------------------
 # The page in a real browser
 # --------------------------------------------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-def _in_own_netns(fn):
-    """Run `fn` on a thread in a new network namespace with only loopback up (sockets it opens and
-    processes it starts stay there); skip when the kernel or our privileges do not allow it."""
-    import ctypes
-
-    result: dict = {}
-
-    def target():
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET, this thread only
-            result["skip"] = f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())} (needs root)"
-            return
-        up = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
-        if up.returncode:
-            result["skip"] = f"ip link set lo up failed: {up.stderr.strip()}"
-            return
-        try:
-            result["value"] = fn()
-        except BaseException as e:
-            result["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "skip" in result:
-        pytest.skip(result["skip"])
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
-@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
-                    "(apt-get install chromium chromium-driver)")
+@needs_chromium
 def test_the_page_plays_the_sample_and_shows_changing_generated_frames(live):
-    import io
-    import socket
-
-    from PIL import Image
-
-    selenium = pytest.importorskip("selenium.webdriver")
     runner, _ = live
-
-    def browse():
-        sock = socket.socket()  # bound inside the namespace: the browser there reaches it, nothing else can
-        sock.bind(("127.0.0.1", 0))
-        port = runner.call(runner.server.add_socket(sock))
-        opts = selenium.ChromeOptions()
-        opts.binary_location = CHROMIUM
-        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-extensions", "--disable-sync",
-                  '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1', "--window-size=1000,800"):
-            opts.add_argument(a)
-        driver = selenium.Chrome(options=opts, service=selenium.ChromeService(executable_path=CHROMEDRIVER))
-        try:
-            driver.get(f"http://127.0.0.1:{port}/?autostart=1")
-            wait = lambda n: driver.execute_async_script(  # noqa: E731
-                "const [n, done] = arguments; const t0 = Date.now();"
-                "const tick = () => (+document.getElementById('shown').textContent >= n || Date.now() - t0 > 60000)"
-                " ? done(+document.getElementById('shown').textContent) : setTimeout(tick, 100); tick();", n)
-            driver.set_script_timeout(90)
-            shots = []
-            for n in (6, 20):
-                assert wait(n) >= n, driver.find_element("id", "log").text
-                shots.append(np.asarray(Image.open(io.BytesIO(
-                    driver.find_element("id", "generated").screenshot_as_png)).convert("RGB"), np.float32))
-            text = {k: driver.find_element("id", k).text for k in ("fps", "latency", "joints_rate", "status")}
-        finally:
-            driver.quit()
-        return shots, text
-
-    (early, late), text = _in_own_netns(browse)
+    (early, late), text = page_shots(runner, "autostart=1", "shown", (6, 20), ("generated",),
+                                     ("fps", "latency", "joints_rate", "status"))
+    early, late = early["generated"], late["generated"]
     assert early.std() > 10 and late.std() > 10, "the generated panel is blank"
     assert np.abs(early - late).mean() > 3, "the generated panel does not change"
     assert text["status"].startswith("streaming") and float(text["latency"]) > 0 and int(text["joints_rate"]) > 10
+
+
+@needs_chromium
+def test_the_page_starts_a_sim_task_and_shows_changing_generated_and_replay_frames(live, sim):
+    runner, _ = live
+    (early, late), text = page_shots(runner, f"task={TASK}&seed={SEED}&replay=1&autostart=1", "shown", (6, 24),
+                                     ("generated", "replay_view"), ("status", "replay_shown", "prompt"))
+    for panel in ("generated", "replay_view"):
+        assert early[panel].std() > 10 and late[panel].std() > 10, f"the {panel} panel is blank"
+        assert np.abs(early[panel] - late[panel]).mean() > 1, f"the {panel} panel does not change"
+    assert text["status"].startswith("streaming") and int(text["replay_shown"]) >= 10
+    assert text["prompt"] == scenes.DESCRIPTIONS[TASK]
 
 
 def test_sigterm_closes_every_session_and_writes_its_recording(live, tmp_path):

@@ -7,7 +7,7 @@ Client → server (docs/LIVE.md has the full schema):
   text   {"type": "stop"}                                          end the session (recording saved)
 Server → client:
   text   {"type": "ready" | "admitted" | "joints" | "block" | "stats" | "error" | "saved", ...}
-  binary `FRAME_HEADER` + payload: one generated ("G") or skeleton ("S") frame
+  binary `FRAME_HEADER` + payload: one generated ("G"), skeleton ("S") or MuJoCo replay ("M") frame
 
 Every check fails with a `ProtocolError` (a one-line reason and a short code) before anything of
 the session changes, so the server answers that client and goes on.
@@ -31,14 +31,16 @@ from rynn_jax.kinematics import streams
 SCHEMA = streams.FORMAT  # operator frames: one sample of each of the stream file's arrays
 FRAME_FORMATS = ("jpeg", "webp", "raw", "none")  # how generated (and skeleton) frames are sent
 FORMAT_CODE = {"raw": 0, "jpeg": 1, "webp": 2}
+SEED_MAX = 2**31 - 1  # sim seeds
 
 # The binary operator frame, little-endian, no padding: kind b"F", version 1, validity bit masks
 # (bit k = tracker k / hand k), the time, then the stream file's arrays in float32.
 FRAME_DTYPE = np.dtype([("kind", "u1"), ("version", "u1"), ("tracker_valid", "u1"), ("hand_valid", "u1"),
                         ("t", "<f8"), ("tracker_pose", "<f4", (5, 7)), ("hand_keypoints", "<f4", (2, 21, 3))])
 FRAME_KIND, FRAME_VERSION = ord("F"), 1
-# A generated ("G") or skeleton ("S") frame: kind, format (FORMAT_CODE), height, width, 0, the
-# frame's index in the session's video, the input time it answers (seconds, the client's clock).
+# A generated ("G"), skeleton ("S") or MuJoCo replay ("M") frame: kind, format (FORMAT_CODE), height,
+# width, 0, the frame's index (G, S: in the session's video; M: the tick's on the 16 fps clock), the
+# input time it answers (seconds, the client's clock).
 FRAME_HEADER = struct.Struct("<BBHHHId")
 
 
@@ -61,6 +63,13 @@ class Frame:
 
 
 @dataclasses.dataclass(frozen=True)
+class SimRef:
+    """A sim task to start from (`rynn_jax.sim.scenes.TASKS`; the name is checked by `live.sim_start`)."""
+    task: str
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Start:
     prompt: str = ""
     image: np.ndarray | None = None  # (H, W, 3) uint8 reference view; None: the bundled sample's
@@ -69,6 +78,8 @@ class Start:
     skeleton: bool = False  # also send the skeleton frames that drove the model
     record: bool = False  # save the session as a robot episode when it ends
     name: str | None = None  # the episode's directory name (default: time and session id)
+    sim: SimRef | None = None  # start from a sim task's view, camera and prompt instead of image / camera
+    replay: bool = False  # (sim sessions) also send the sim robot replaying the joint commands ("M" frames)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +182,8 @@ def frame_json(f: Frame) -> dict:
 def _start(msg: dict) -> Start:
     if msg.get("schema") != SCHEMA:
         raise ProtocolError("bad_schema", f'start: "schema" must be {SCHEMA!r}, got {msg.get("schema")!r}')
-    known = {"type", "schema", "prompt", "image", "T_world_camera", "frames", "skeleton", "record", "name"}
+    known = {"type", "schema", "prompt", "image", "T_world_camera", "frames", "skeleton", "record", "name", "sim",
+             "replay"}
     if extra := sorted(set(msg) - known):
         raise ProtocolError("bad_start", f"start: unknown field(s) {', '.join(extra)}")
     prompt = msg.get("prompt", "")
@@ -180,9 +192,9 @@ def _start(msg: dict) -> Start:
     frames = msg.get("frames", "jpeg")
     if frames not in FRAME_FORMATS:
         raise ProtocolError("bad_start", f"start: frames must be one of {', '.join(FRAME_FORMATS)}, got {frames!r}")
-    flags = {k: msg.get(k, False) for k in ("skeleton", "record")}
+    flags = {k: msg.get(k, False) for k in ("skeleton", "record", "replay")}
     if not all(isinstance(v, bool) for v in flags.values()):
-        raise ProtocolError("bad_start", "start: skeleton and record must be true or false")
+        raise ProtocolError("bad_start", "start: skeleton, record and replay must be true or false")
     name = msg.get("name")
     if name is not None and (not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum()
                              or len(name) > 64):
@@ -192,8 +204,29 @@ def _start(msg: dict) -> Start:
         camera = _array(msg, "T_world_camera", (4, 4))
         if not np.allclose(camera[3], [0, 0, 0, 1]):
             raise ProtocolError("bad_start", "start: T_world_camera's last row must be [0, 0, 0, 1]")
+    sim = _sim(msg["sim"]) if msg.get("sim") is not None else None
+    if sim is not None and (camera is not None or msg.get("image") is not None):
+        raise ProtocolError("bad_start", "start: a sim session starts from the task's own view and camera "
+                                         "(no image, no T_world_camera)")
+    if flags["replay"] and (sim is None or frames == "none"):
+        raise ProtocolError("bad_start", 'start: replay needs a sim task and frames other than "none"')
     image = _image(msg["image"]) if msg.get("image") is not None else None
-    return Start(prompt, image, camera, frames, flags["skeleton"], flags["record"], name)
+    return Start(prompt, image, camera, frames, flags["skeleton"], flags["record"], name, sim, flags["replay"])
+
+
+def parse_seed(value: Any) -> int:
+    """A sim seed: an integer in 0 … 2³¹ − 1 (a number, or its decimal text from a URL)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ProtocolError("bad_start", f"start: the sim seed must be an integer in 0..{SEED_MAX}, got {value!r}")
+    return value
+
+
+def _sim(value: Any) -> SimRef:
+    if not isinstance(value, dict) or not isinstance(value.get("task"), str) or set(value) - {"task", "seed"}:
+        raise ProtocolError("bad_start", 'start: sim must be {"task": name, "seed": integer}')
+    return SimRef(value["task"], parse_seed(value.get("seed", 0)))
 
 
 def _image(data: Any) -> np.ndarray:
@@ -214,7 +247,7 @@ def _image(data: Any) -> np.ndarray:
         raise ProtocolError("bad_image", f"start: image is not a readable base64 PNG or JPEG ({e})") from None
 
 
-def encode_frame(kind: Literal["G", "S"], rgb_hw3: np.ndarray, fmt: str, index: int, t: float,
+def encode_frame(kind: Literal["G", "S", "M"], rgb_hw3: np.ndarray, fmt: str, index: int, t: float,
                  quality: int = 85) -> bytes:
     """One frame for the client: `FRAME_HEADER` then raw RGB bytes, a JPEG or a WebP."""
     h, w = rgb_hw3.shape[:2]

@@ -7,7 +7,8 @@ then open http://127.0.0.1:8765/ . One WebSocket (`/ws`) per operator session: o
 frames out per block, each stamped with the input time it answers (docs/LIVE.md). All sessions share
 one compiled batched `StreamingSession` (`live.world`); per-frame IK runs on the event loop
 (`live.operator`, ≈ 1 ms on the CPU), the world model on its own thread, frame encoding and episode
-writing on worker threads.
+writing on worker threads. A session may start from a sim task's scene and scripted operator
+(`live.sim_start`) and get the task's robot replaying its joint commands (`live.replay`, MuJoCo thread).
 
 Limits: the server binds to localhost unless `--host` says otherwise, and any other bind needs a
 token (`--token` or RYNN_LIVE_TOKEN), checked on connect (`?token=`); at most `--max-sessions`
@@ -41,6 +42,8 @@ from rynn_jax.kinematics import streams
 from rynn_jax.live import protocol
 from rynn_jax.live.operator import Kinematics, Operator, TickQueue
 from rynn_jax.live.recorder import Recorder
+from rynn_jax.live.replay import Replay
+from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
 from rynn_jax.teleop.demo import (IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, check_model_flags, check_resolution,
                                   height_width, read_reference, streaming_session)
@@ -65,6 +68,7 @@ class LiveConfig:
     out_queue: int = 1024  # messages waiting for a slow client; more are dropped (counted)
     record_dir: Path = Path("outputs/live")
     record_max_frames: int = 4800  # 5 minutes at 16 fps; recording stops there (the session goes on)
+    replay_fps: float = 16.0  # MuJoCo replay frames per second per session, at most (behind: skip to the newest)
     weights: str = "tiny random (demo)"
     seed: int = 0
 
@@ -93,9 +97,11 @@ class LiveServer:
         self.next_id = 1
         self.writes: set[asyncio.Future] = set()
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="rynn-live-io")
+        self.sims = SimCatalog(world.height, world.width, self.pool)  # sessions started from a sim task
         self.app = web.Application(client_max_size=1 << 20)
         self.app.add_routes([web.get("/", self._index), web.get("/ws", self._ws), web.get("/stats", self._stats),
-                             web.get("/sample.json", self._sample), web.static("/static", STATIC_DIR)])
+                             web.get("/sample.json", self._sample), web.static("/static", STATIC_DIR),
+                             *self.sims.routes(self.authorized)])
         self.app.on_shutdown.append(self._on_shutdown)
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -125,6 +131,7 @@ class LiveServer:
             await self.runner.cleanup()  # on_shutdown: sessions closed, recordings written
         await asyncio.get_running_loop().run_in_executor(None, self.world.stop)
         self.pool.shutdown(wait=True)
+        self.sims.close()
 
     async def _on_shutdown(self, app) -> None:
         conns = list(self.connections)
@@ -197,6 +204,8 @@ class Connection:
         self.start_msg: protocol.Start | None = None
         self.recorder: Recorder | None = None
         self.image = self.context = None
+        self.intrinsics = server.world.intrinsics  # the skeleton camera's (a sim task's own)
+        self.replay: Replay | None = None
         self.out: asyncio.Queue = asyncio.Queue(self.cfg.out_queue)
         self.blocks: asyncio.Queue = asyncio.Queue()
         self.counts = collections.Counter()
@@ -236,6 +245,8 @@ class Connection:
             await self._reader()
         finally:
             self.server.world.leave(self)
+            if self.replay is not None:
+                await self.replay.close()
             await self._save()
             await self._flush()
             for t in tasks:
@@ -310,36 +321,47 @@ class Connection:
         self.send(joints)
         if ticks:
             self.server.world.poke()
+            if self.replay is not None:
+                self.replay.put(ticks)
 
     async def _on_start(self, start: protocol.Start) -> None:
         if self.operator is not None:
             raise protocol.ProtocolError("already_started", "this session has started already")
         world, server = self.server.world, self.server
-        image = start.image if start.image is not None else server.sample_image
+        sim = await server.sims.get(start.sim) if start.sim is not None else None  # bad_start / sim_failed
+        image = sim.image if sim else start.image if start.image is not None else server.sample_image
+        prompt = start.prompt or (sim.prompt if sim else "")
         try:
-            self.context = server.contexts(start.prompt)
+            self.context = server.contexts(prompt)
         except (ValueError, OSError) as e:
             raise protocol.ProtocolError("bad_prompt", f"start: no text context for this prompt ({e})") from None
         loop = asyncio.get_running_loop()
         fitted = await loop.run_in_executor(server.pool, fit_image, image, world.height, world.width)
         self.image = fitted.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
-        camera = start.camera if start.camera is not None else server.sample_camera
+        camera = sim.camera if sim else start.camera if start.camera is not None else server.sample_camera
+        self.intrinsics = sim.intrinsics if sim else world.intrinsics
+        if start.replay:
+            replay = Replay(sim, server.sims.gl, self.send, start.frames, self.cfg.replay_fps, self.error)
+            await replay.open()  # sim_failed
+            self.replay = replay
         self.operator = Operator(server.kin, camera, self.queue)
         self.start_msg = start
         if start.record:
             name = start.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{self.id}"
-            meta = {"task_description": start.prompt, "source": "rynn_jax.live (world model, live session)",
-                    "intrinsics": world.intrinsics, "weights": self.cfg.weights, "seed": self.cfg.seed,
+            meta = {"task_description": prompt, "source": "rynn_jax.live (world model, live session)",
+                    "sim": dataclasses.asdict(start.sim) if sim else None,
+                    "intrinsics": self.intrinsics, "weights": self.cfg.weights, "seed": self.cfg.seed,
                     "session": self.id, "observation.state": "the previous step's command (generated: no robot "
                                                              "measured it)"}
-            self.recorder = Recorder(Path(self.cfg.record_dir), name, fitted, start.prompt, self.context, meta,
+            self.recorder = Recorder(Path(self.cfg.record_dir), name, fitted, prompt, self.context, meta,
                                      self.cfg.record_max_frames)
             self.operator.keep_frames = True
         world.join(self)  # never full: connections ≤ slots
         self.send({"type": "ready", "protocol": "rynn-live/1", "session": self.id, "height": world.height,
                    "width": world.width, "fps": streams.VIDEO_FPS, "frames": start.frames,
                    "first_block": world.frames.session_first, "block": world.frames.later,
-                   "recording": self.recorder is not None})
+                   "recording": self.recorder is not None, "prompt": prompt,
+                   "sim": dataclasses.asdict(start.sim) if sim else None, "replay": self.replay is not None})
 
     async def _frames(self) -> None:
         """Blocks from the world model → messages (frames encoded on a worker thread, in order)."""
@@ -405,6 +427,8 @@ class Connection:
                 "dropped": self.queue.dropped, "held": self.counts["held"], "too_fast": self.counts["too_fast"],
                 "rejected": self.counts["frames_rejected"], "errors": self.counts["errors"],
                 "dropped_out": self.counts["dropped_out"], "frames_skipped": self.counts["frames_skipped"],
+                "replay_frames": self.replay.frames if self.replay else None,
+                "replay_skipped": self.replay.skipped if self.replay else None,
                 "recording": self.recorder.frames if self.recorder is not None else None}
 
     async def _save(self) -> None:
@@ -492,7 +516,7 @@ def build(a) -> LiveServer:
     contexts = text_contexts(a.text, a.text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
     cfg = LiveConfig(host=a.host, port=a.port, token=a.token, max_message_bytes=a.max_message_bytes,
                      max_frame_bytes=a.max_frame_bytes, max_fps=a.max_fps, idle_timeout_s=a.idle_timeout,
-                     record_dir=Path(a.record_dir), seed=a.seed,
+                     record_dir=Path(a.record_dir), seed=a.seed, replay_fps=a.replay_fps,
                      weights="converted" if a.dit else "tiny random (demo)")
     return LiveServer(world, kin, contexts, cfg)
 
@@ -535,6 +559,8 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds without a message before closing")
     p.add_argument("--max-wait", type=float, default=0.5,
                    help="seconds a block waits for a late operator before holding its last pose")
+    p.add_argument("--replay-fps", type=float, default=16.0, help="MuJoCo replay frames per second per session "
+                   "(at most; behind: the newest tick)")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     return p
 
@@ -544,9 +570,10 @@ def check(a) -> None:
     if not is_loopback(a.host) and not a.token:
         raise errors.UsageError(f"--host {a.host}: binding beyond localhost needs a token",
                                 fix=f"pass --token or set {TOKEN_ENV}")
-    if a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0:
-        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps and "
-                                "--idle-timeout > 0")
+    if (a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0
+            or not a.replay_fps > 0):
+        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps, "
+                                "--idle-timeout and --replay-fps > 0")
     check_resolution(*a.resolution)
     check_model_flags(dit=a.dit, vae=a.vae, tae=a.tae, text=a.text)
     if a.text_embeddings:

@@ -14,7 +14,8 @@ operator's video. Between blocks the scheduler
     is behind), waiting up to `max_wait_s` for slots that have fewer; a slot still short then holds
     its last pose for the missing frames (counted as held).
 
-The skeleton frames of all slots are rendered in one call, the step runs, and each slot's frames go
+The skeleton frames of all slots are rendered in one call (each slot through its session's camera
+intrinsics: a sim task's head camera is not the sample's), the step runs, and each slot's frames go
 to its `Member.deliver` (called on this thread; members hand them to their event loop).
 """
 
@@ -40,6 +41,7 @@ class Member(Protocol):
     queue: TickQueue
     image: np.ndarray  # (H, W, 3) float32 in [-1, 1], the reference view
     context: np.ndarray  # (text_len, text_dim) float32
+    intrinsics: np.ndarray  # (3, 3) the skeleton camera's K at (H, W): the view's own (a sim task's differs)
 
     def deliver(self, block: Block) -> None: ...
 
@@ -94,6 +96,7 @@ class LiveWorld:
         self._images = np.zeros((batch, height, width, 3), np.float32)
         self._contexts = np.zeros((batch, *text), np.float32)
         self._ids = np.zeros(batch, np.int32)
+        self._k = np.repeat(self.intrinsics[None], batch, 0)  # each slot's skeleton camera
         self._last: list[Tick | None] = [None] * batch  # each slot's newest tick (holds, the anchor's skeleton)
         self._stop = False
         self.error: BaseException | None = None
@@ -109,7 +112,7 @@ class LiveWorld:
         self.session.compile((b, self.height, self.width, 3), (b, *self.context_shape), keys)
         _restart_images(jnp.zeros(b, bool), self._images, self._images).block_until_ready()
         for n in (self.frames.session_first, self.frames.later):
-            self._render([[None] * n] * b)
+            self._render([[None] * n] * b, self._k)
 
     def start(self) -> None:
         if self.thread is not None:
@@ -186,6 +189,7 @@ class LiveWorld:
                 self.pending.remove(m)
                 slot = self.slots.index(None)
                 self.slots[slot] = m
+                self._k[slot] = m.intrinsics
             restart = bool(joiners) or self.session.state is None
             if not any(m is not None for m in self.slots):
                 return True
@@ -216,7 +220,7 @@ class LiveWorld:
             plan.append(ticks)
             held.append(short)
             self._last[b] = ticks[-1]
-        skeleton = self._render(plan)
+        skeleton = self._render(plan, self._k)
         if restart:
             self._restart(members, joiners)
         video = self.session.step(skeleton.astype(np.float32) / np.float32(127.5) - np.float32(1.0))
@@ -242,14 +246,15 @@ class LiveWorld:
         self.restarts += 1
         self.session.start(images, self._contexts, slot_keys(self.seed, self._ids, self.restarts))
 
-    def _render(self, plan: list[list[Tick | None]]) -> np.ndarray:
-        """(B, n, H, W, 3) uint8 skeleton frames of every slot's ticks (None: a black frame)."""
+    def _render(self, plan: list[list[Tick | None]], k_b33: np.ndarray) -> np.ndarray:
+        """(B, n, H, W, 3) uint8 skeleton frames of every slot's ticks (None: a black frame), slot b
+        seen through its camera `k_b33[b]`."""
         b, n = len(plan), len(plan[0])
         nan = np.full((2, 21, 3), np.nan, np.float32)
         flat = [t for row in plan for t in row]
         joints = np.stack([nan if t is None else t.joints for t in flat])
         elbows = np.stack([nan[:, 0] if t is None else t.elbows for t in flat])
         valid = np.stack([np.zeros((2, 22), bool) if t is None else t.valid for t in flat])
-        frames = render_video(self.rcfg, joints, elbows, self.intrinsics, valid)
+        frames = render_video(self.rcfg, joints, elbows, np.repeat(k_b33, n, 0), valid)
         return np.asarray(frames).reshape(b, n, self.height, self.width, 3)
 

@@ -1,5 +1,6 @@
-// The live page: plays the bundled operator sample over /ws and shows what comes back.
-// Messages: docs/LIVE.md. No build step, no external scripts.
+// The live page: plays an operator stream over /ws (the bundled sample or a sim task's scripted operator)
+// and shows what comes back. Messages: docs/LIVE.md. No build step, no external scripts.
+// URL parameters: ?task=dual_pick&seed=3&replay=1&autostart=1 (task "sample" or a sim task), token=….
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -8,16 +9,50 @@ const token = params.get("token");
 const FORMATS = { 0: "raw", 1: "image/jpeg", 2: "image/webp" };
 const HEADER_BYTES = 20; // "<BBHHHId": kind, format, height, width, 0, index, input time
 
-let ws = null, sample = null, timer = null;
+let ws = null, stream = null, timer = null;
+const streams = {};          // fetched operator streams by URL
 let sent = [];              // [input time, wall ms] of recent frames, for the latency readout
 let queues = { G: [], S: [] };
-let shown = 0, shownWindow = [], jointsWindow = [];
+let shown = 0, replayShown = 0, shownWindow = [], jointsWindow = [];
 
 function log(text) { $("log").textContent = (text + "\n" + $("log").textContent).slice(0, 4000); }
 
-async function loadSample() {
-  if (!sample) sample = await (await fetch("/sample.json")).json();
-  return sample;
+function withToken(url) {
+  return token ? url + (url.includes("?") ? "&" : "?") + `token=${encodeURIComponent(token)}` : url;
+}
+
+async function loadStream(task, seed) {
+  // The bundled sample, or the sim task's scripted operator (built by the server on first use).
+  const url = task === "sample" ? "/sample.json" : `/sim/${encodeURIComponent(task)}.json?seed=${seed}`;
+  if (!streams[url]) {
+    const r = await fetch(withToken(url));
+    if (!r.ok) throw new Error(`${url}: ${r.status} ${await r.text()}`);
+    streams[url] = await r.json();
+  }
+  return streams[url];
+}
+
+async function loadTasks() {
+  // The task picker: the sample, then every sim task; URL parameters preselect.
+  try {
+    const { tasks } = await (await fetch("/sim.json")).json();
+    for (const t of tasks) {
+      const o = document.createElement("option");
+      o.value = t.task; o.textContent = `sim: ${t.task}`; o.title = t.prompt;
+      $("task").appendChild(o);
+    }
+  } catch (e) { log(`no sim tasks: ${e}`); }
+  const want = params.get("task");
+  if (want && [...$("task").options].some((o) => o.value === want)) $("task").value = want;
+  else if (want) log(`no task ${want}: playing the sample`);
+  if (params.get("seed")) $("seed").value = params.get("seed");
+  $("replay").checked = params.get("replay") === "1";
+  onTask();
+}
+
+function onTask() {
+  const sim = $("task").value !== "sample";
+  $("seed").disabled = !sim; $("replay").disabled = !sim;
 }
 
 function wsUrl() {
@@ -26,20 +61,30 @@ function wsUrl() {
 }
 
 async function start() {
-  const s = await loadSample();
-  $("start").disabled = true; $("stop").disabled = false;
+  const task = $("task").value, seed = Number($("seed").value);
+  $("start").disabled = true;
+  $("status").textContent = task === "sample" ? "loading the sample" : `building ${task} (seed ${seed}) ...`;
+  try {
+    stream = await loadStream(task, seed);
+  } catch (e) {
+    log(String(e)); $("status").textContent = "idle"; $("start").disabled = false;
+    return;
+  }
+  $("stop").disabled = false;
+  const msg = { type: "start", schema: stream.schema, prompt: "", frames: "jpeg", skeleton: true,
+                record: $("record").checked };
+  if (task === "sample") msg.T_world_camera = stream.T_world_camera;
+  else Object.assign(msg, { sim: { task, seed }, replay: $("replay").checked });
   ws = new WebSocket(wsUrl());
   ws.binaryType = "arraybuffer";
-  ws.onopen = () => ws.send(JSON.stringify({
-    type: "start", schema: s.schema, prompt: "", frames: "jpeg", skeleton: true,
-    record: $("record").checked, T_world_camera: s.T_world_camera }));
+  ws.onopen = () => ws.send(JSON.stringify(msg));
   ws.onmessage = (ev) => (typeof ev.data === "string" ? onText(JSON.parse(ev.data)) : onBinary(ev.data));
   ws.onclose = (ev) => { $("status").textContent = `closed (${ev.code} ${ev.reason})`; stopPlaying(); };
 }
 
 function play() {
-  // Real time: frame i goes out when the wall clock passes its time; the sample loops.
-  const frames = sample.frames, span = frames[frames.length - 1].t + 1 / 60;
+  // Real time: frame i goes out when the wall clock passes its time; the stream loops.
+  const frames = stream.frames, span = frames[frames.length - 1].t + 1 / 60;
   const t0 = performance.now();
   let i = 0, loop = 0;
   timer = setInterval(() => {
@@ -68,8 +113,9 @@ function sentAt(t) {
 function onText(m) {
   if (m.type === "ready") {
     $("session").textContent = m.session;
+    $("prompt").textContent = m.prompt || "(none)";
     $("status").textContent = `session ${m.session}: waiting for a slot`;
-    for (const id of ["skeleton", "generated"]) { $(id).width = m.width; $(id).height = m.height; }
+    for (const id of ["skeleton", "generated", "replay_view"]) { $(id).width = m.width; $(id).height = m.height; }
     play();
   } else if (m.type === "joints") {
     jointsWindow.push(performance.now());
@@ -82,6 +128,7 @@ function onText(m) {
   } else if (m.type === "stats") {
     $("server_latency").textContent = `${m.latency_ms.p50} / ${m.latency_ms.p95}`;
     $("dropped").textContent = `${m.dropped} / ${m.held}`;
+    if (m.replay_skipped !== null) $("replay_skipped").textContent = m.replay_skipped;
   } else if (m.type === "saved") {
     log(`recording saved: ${m.path} (${m.frames} frames)`);
   } else if (m.type === "error") {
@@ -104,6 +151,11 @@ async function onBinary(buf) {
     image = new ImageData(rgba, w, h);
   } else {
     image = await createImageBitmap(new Blob([payload], { type: FORMATS[fmt] }));
+  }
+  if (kind === "M") { // paced by the server: shown as it comes
+    draw("replay_view", image);
+    $("replay_shown").textContent = ++replayShown;
+    return;
   }
   const q = queues[kind];
   q.push(image);
@@ -145,4 +197,5 @@ requestAnimationFrame(frameLoop);
 
 $("start").onclick = start;
 $("stop").onclick = () => { if (ws) ws.send(JSON.stringify({ type: "stop" })); stopPlaying(); };
-if (params.get("autostart")) start();
+$("task").onchange = onTask;
+loadTasks().then(() => { if (params.get("autostart")) start(); });
