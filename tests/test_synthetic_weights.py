@@ -2,8 +2,9 @@
 episodes (tests/data/synthetic_heldout/, seed 1,000,000, never trained on) the teacher, sampled with
 4 steps, draws the moving arms better than copying the first frame and worse with another episode's
 skeleton. The margins are the ones measured for the committed revision (weights/synthetic/README.md)
-minus slack. Revision 1, on frames 12..32: teacher − copy-first-frame 2.76 / 3.03 dB, drop with the
-swapped skeleton 1.62 / 2.08 dB (the two episodes swap with each other)."""
+minus slack. Revision 2, on frames 12..32: teacher − copy-first-frame 6.44 / 6.30 dB, drop with the
+swapped skeleton 5.52 / 5.57 dB (the two episodes swap with each other; revision 1: 2.76 / 3.03 and
+1.62 / 2.08)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,12 @@ def scores(tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
 
 def test_teacher_beats_copy_first_frame_once_the_arms_move(scores):
     gain = np.mean([s["model"][MOVING].mean() - s["copy_first_frame"][MOVING].mean() for s in scores.values()])
-    assert gain >= 2.0, f"teacher − copy-first-frame on frames 12..32: {gain:.2f} dB"
+    assert gain >= 5.0, f"teacher − copy-first-frame on frames 12..32: {gain:.2f} dB"
 
 
 def test_teacher_follows_its_skeleton(scores):
     drop = np.mean([s["model"][MOVING].mean() - s["model_swapped"][MOVING].mean() for s in scores.values()])
-    assert drop >= 1.0, f"PSNR drop with the next episode's skeleton on frames 12..32: {drop:.2f} dB"
+    assert drop >= 4.0, f"PSNR drop with the next episode's skeleton on frames 12..32: {drop:.2f} dB"
 
 
 def test_teacher_stays_below_its_autoencoder_ceiling(scores):
