@@ -36,9 +36,9 @@ def write_streams(root: Path, n: int, frames: int, height: int, width: int) -> N
     """`n` synthetic operator stream directories in the layout `serve.py generate` reads."""
     from rynn_jax.kinematics import streams
     from rynn_jax.render.preview import save_png
+    from rynn_jax.teleop.camera_hands import synthetic_stream
     from rynn_jax.teleop.demo import reference_scene
     from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
-    from rynn_jax.teleop.session import synthetic_stream
 
     for i in range(n):
         d = root / f"op{i:03d}"

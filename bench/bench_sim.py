@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rynn_jax.sim import cli, episode, export, scenes  # noqa: E402
+from rynn_jax.sim import cli, episode, robot_shards, scenes  # noqa: E402
 
 
 def success_rates(n: int, seed0: int) -> dict:
@@ -50,7 +50,7 @@ def throughput(resolution: str, n: int, workers: int, seed0: int) -> dict:
                 task = scenes.TASKS[i % len(scenes.TASKS)]
                 ep = episode.generate(task, seed0 + i, resolution=resolution)
                 t1 = time.perf_counter()
-                export.write_episode(ep, export.episode_dir(tmp, task, i))
+                robot_shards.write_episode(ep, robot_shards.episode_dir(tmp, task, i))
                 stages["export_s"].append(time.perf_counter() - t1)
                 for k, v in ep.info["timings_s"].items():
                     stages[k].append(v)

@@ -148,14 +148,14 @@ def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.kernels import vae_fp8
     from rynn_jax.models import vae as V
     from rynn_jax.models.vae_weights import load_vae
 
     cfg = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
     vae_dir = tmp_path / "vae"
-    checkpoints.save_params(vae_dir, nnx.to_pure_dict(nnx.state(V.init_vae(cfg, 0), nnx.Param)), cfg)
+    converted_weights.save_params(vae_dir, nnx.to_pure_dict(nnx.state(V.init_vae(cfg, 0), nnx.Param)), cfg)
     rng = np.random.default_rng(0)
     lat_dir = tmp_path / "latents"
     lat_dir.mkdir()

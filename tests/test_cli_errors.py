@@ -27,8 +27,8 @@ from rynn_jax.render.preview import save_png
 from rynn_jax.sim import cli as sim_cli
 from rynn_jax.sim import episode  # noqa: F401 -- imported ahead (MuJoCo): timing excludes imports
 from rynn_jax.teleop import calibrate_fp8, demo, generate  # noqa: F401 -- imported ahead: timing excludes imports
+from rynn_jax.teleop.camera_hands import synthetic_stream
 from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
-from rynn_jax.teleop.session import synthetic_stream
 from rynn_jax.training import export_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,6 +15,8 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from rynn_jax import errors
@@ -26,13 +28,13 @@ H, W, T = 64, 96, 9
 
 @pytest.fixture(scope="module")
 def sim_root(tmp_path_factory):
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     root = tmp_path_factory.mktemp("sim_heldout")
     for task, seed in (("push_block", 1), ("lid_placement", 2)):
         ep = episode.generate(task, seed, resolution=(H, W), num_frames=21)
-        export.write_episode(ep, export.episode_dir(root, task, seed))
-    export.write_action_stats(root)
+        robot_shards.write_episode(ep, robot_shards.episode_dir(root, task, seed))
+    robot_shards.write_action_stats(root)
     return root
 
 
@@ -271,12 +273,11 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
     assert s["episodes"] == 2 and set(s["variants"]) == {"model", "model_swapped", "autoencoder", "copy_first_frame",
                                                          "shifted"}
     assert json.loads((out / "metrics.json").read_text())["config"]["model"] == "teacher"
-    import pyarrow.csv as pa_csv
-    import pyarrow.parquet as pq
-
     table = pq.read_table(out / "episodes.parquet").to_pylist()  # one row per (episode, variant)
     assert sorted((r["episode"], r["variant"]) for r in table) == sorted((n, v) for n in names for v in s["variants"])
-    assert pa_csv.read_csv(out / "episodes.csv").to_pylist() == pytest.approx(table, nan_ok=True)
+    csv_rows = pa_csv.read_csv(out / "episodes.csv").to_pylist()
+    assert [(r["episode"], r["variant"]) for r in csv_rows] == [(r["episode"], r["variant"]) for r in table]
+    np.testing.assert_allclose([r["psnr"] for r in csv_rows], [r["psnr"] for r in table], rtol=1e-6)  # NaN == NaN
     for f in ("psnr_over_time.png", "histograms.png", "grid.png"):
         _assert_picture(out / f)
     report = (out / "report.md").read_text()
@@ -332,7 +333,7 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     directly, and the drift table's per-chunk PSNR is scikit-image's, averaged per chunk."""
     from skimage.metrics import peak_signal_noise_ratio
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.models.causal import CausalConfig
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.dit_weights import load_dit
@@ -350,7 +351,7 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     spec = StudentSpec(causal=CausalConfig(frames_per_block=2, window_frames=3), steps=StepConfig(num_steps=2),
                        chunk_frames=4, resolution=(H, W))
     for d, model in (("student", dit), ("vae", vae)):
-        checkpoints.save_params(tmp_path / d, nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)
+        converted_weights.save_params(tmp_path / d, nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)
     write_spec(tmp_path / "student", spec)
     frames, chunk = 21, 8
     s = _run(["--model", "student", "--dit", str(tmp_path / "student"), "--vae", str(tmp_path / "vae"),

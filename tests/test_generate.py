@@ -23,9 +23,9 @@ from rynn_jax.render.preview import save_png
 from rynn_jax.serving.assemble import streaming_session
 from rynn_jax.serving.clip import rollout
 from rynn_jax.teleop import generate as gen
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 from rynn_jax.teleop.demo import reference_scene
 from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
 
 H, W, FRAMES = 96, 160, 13  # the tiny student: a 5-frame first block, then 8-frame blocks → 13
 

@@ -38,7 +38,7 @@ from rynn_jax.render import render_video
 from rynn_jax.serving.assemble import streaming_session
 from rynn_jax.serving.clip import fit_image, rollout
 from rynn_jax.serving.prompts import text_contexts
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 
 H, W = 64, 96
 SLOTS = 2

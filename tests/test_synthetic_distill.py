@@ -17,7 +17,7 @@ from flax import nnx
 
 import distill as distill_cli
 from configs import synthetic
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.data import shards as shards_lib
 from rynn_jax.distill import config as config_lib
 from rynn_jax.distill import export as export_lib
@@ -77,7 +77,7 @@ def recipe(tmp_path_factory):
         teacher = init_dit(cfg_a.model, seed=3)
         pure = nnx.to_pure_dict(nnx.state(teacher, nnx.Param))
         model_cfg = dataclasses.replace(cfg_a.model, param_dtype="float32")
-        checkpoints.save_params(work / "teacher", pure, model_cfg)
+        converted_weights.save_params(work / "teacher", pure, model_cfg)
         control.write_stats(work / "teacher" / control.STATS_FILE, control.stats_of(teacher), model_cfg)
 
         rec_a = distill_cli.distill(cfg_a)
@@ -90,7 +90,7 @@ def recipe(tmp_path_factory):
         weights = work / "weights"
         step = export_lib.export_student(cfg_b, str(weights / "student"), resolution=(32, 64))
         vae = init_vae(WanVAEConfig.tiny(z_dim=C, latents_mean=(0.0,) * C, latents_std=(1.0,) * C), seed=1)
-        checkpoints.save_params(weights / "autoencoder", nnx.to_pure_dict(nnx.state(vae, nnx.Param)), vae.cfg)
+        converted_weights.save_params(weights / "autoencoder", nnx.to_pure_dict(nnx.state(vae, nnx.Param)), vae.cfg)
         yield dict(work=work, cfg_a=cfg_a, cfg_b=cfg_b, rec_a=rec_a, rec_b=rec_b, final=final, step=step,
                    weights=weights, vae=vae, teacher=pure)
     finally:
@@ -127,7 +127,7 @@ def test_phase_b_trains_generator_and_critic(recipe):
 
 
 def test_export_is_the_trained_ema_student(recipe):
-    saved = checkpoints.restore_params(recipe["weights"] / "student",
+    saved = converted_weights.restore_params(recipe["weights"] / "student",
                                        jax.tree.map(lambda a: a, recipe["teacher"]))
     ema = nnx.to_pure_dict(recipe["final"]["ema"])
     assert recipe["step"] == recipe["final"]["step"] == recipe["cfg_b"].total_steps

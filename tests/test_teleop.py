@@ -19,8 +19,8 @@ from rynn_jax.render.preview import save_png
 from rynn_jax.serving.assemble import build_modules
 from rynn_jax.serving.bidirectional import SamplingConfig, WorldModel
 from rynn_jax.teleop import demo
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
 
 # Compiling-bound tests (tiny models): XLA's cheapest compile (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("fast_compile")

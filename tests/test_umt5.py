@@ -198,7 +198,7 @@ def test_encode_prompts_writes_what_generate_and_preencode_read(checkpoints, tmp
     import serve
     from rynn_jax.data.preencode import TextEmbeddingStore
     from rynn_jax.kinematics import streams
-    from rynn_jax.teleop.session import synthetic_stream
+    from rynn_jax.teleop.camera_hands import synthetic_stream
 
     root, _, models = checkpoints
     _, _, pth = models["odd"]
@@ -260,9 +260,9 @@ def test_generate_encodes_a_prompt_string_with_no_precomputed_file(checkpoints, 
     from rynn_jax.render.preview import save_png
     from rynn_jax.serving.prompts import text_contexts
     from rynn_jax.teleop import generate as gen
+    from rynn_jax.teleop.camera_hands import synthetic_stream
     from rynn_jax.teleop.demo import reference_scene
     from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
-    from rynn_jax.teleop.session import synthetic_stream
 
     root, tok_dir, models = checkpoints
     ref, _, pth = models["odd"]  # width 24 = the tiny DiT's text_dim

@@ -46,8 +46,8 @@ from rynn_jax.live.world import Block, LiveWorld
 from rynn_jax.serving.assemble import check_model_flags, check_resolution, streaming_session
 from rynn_jax.serving.clip import fit_image
 from rynn_jax.serving.prompts import text_contexts
+from rynn_jax.teleop.camera_hands import camera_pose
 from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
-from rynn_jax.teleop.session import camera_pose
 
 STATIC_DIR = Path(__file__).with_name("static")
 TOKEN_ENV = "RYNN_LIVE_TOKEN"

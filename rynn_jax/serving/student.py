@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.models.causal import CausalConfig
 from rynn_jax.serving.block_step import StepConfig
 
@@ -78,7 +78,7 @@ def find_bundled(root: str | os.PathLike[str] | None = None) -> Bundled | None:
     either is missing."""
     root = Path(root) if root is not None else weights_root()
     student, autoencoder = root / "student", root / "autoencoder"
-    if not (checkpoints.is_converted_dir(student) and checkpoints.is_converted_dir(autoencoder)):
+    if not (converted_weights.is_converted_dir(student) and converted_weights.is_converted_dir(autoencoder)):
         return None
     spec = read_spec(student)
     if spec is None:

@@ -51,12 +51,12 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
                 shadows: bool | None) -> dict:
     """Generate one attempt; write it if it succeeded; leave the attempt marker either way."""
     _setup_worker()
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     t0 = time.perf_counter()
     ep = episode.generate(task, seed, resolution=parse_resolution(resolution), num_frames=frames, shadows=shadows)
     if ep.success:
-        export.write_episode(ep, export.episode_dir(out, task, attempt))
+        robot_shards.write_episode(ep, robot_shards.episode_dir(out, task, attempt))
     record = {"task": task, "attempt": attempt, "seed": seed, "success": ep.success, "failures": ep.failures,
               "seconds": round(time.perf_counter() - t0, 3), "timings_s": ep.info["timings_s"]}
     marker = Path(out) / task / ".attempts" / f"{attempt}.json"
@@ -96,7 +96,7 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
              frames: int | None = None, seed: int = 0, shadows: bool | None = None,
              max_attempts: int | None = None, progress: bool = True) -> dict:
     """Make `n` successful episodes per task under `out` (resuming what is there)."""
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     frames = frames or episode.DEFAULT_FRAMES
     max_attempts = max_attempts or 3 * n + 5
@@ -166,7 +166,7 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
                 submit_ready(lambda t, k: pool.submit(run_attempt, *args(t, k)))
     bar.close()
     wall = time.perf_counter() - t0
-    stats = export.write_action_stats(out) if any(succ.values()) else None
+    stats = robot_shards.write_action_stats(out) if any(succ.values()) else None
     summary = {"tasks": {}, "resolution": resolution, "frames": frames, "workers": workers,
                "wall_s": round(wall, 2), "new_attempts": len(new_records)}
     for t in tasks:

@@ -46,8 +46,8 @@ from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, build_world_model, c
 from rynn_jax.serving.bidirectional import SamplingConfig
 from rynn_jax.serving.clip import fit_image, rollout
 from rynn_jax.serving.session import StreamingSession
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.text import empty_context, load_text_context
 
 

@@ -80,9 +80,9 @@ from rynn_jax.serving.assemble import TINY_SIM_RESOLUTION, check_model_flags, ch
 from rynn_jax.serving.clip import episode_key, fit_image, noise_id, rollout
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.serving.session import StreamingSession
-from rynn_jax.sim.export import write_action_stats
+from rynn_jax.sim.robot_shards import write_action_stats
+from rynn_jax.teleop.camera_hands import hands_in_camera, video_times
 from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE, read_reference
-from rynn_jax.teleop.session import hands_in_camera, video_times
 from rynn_jax.text_encoder import load_text_encoder
 from rynn_jax.tokenizer import find_tokenizer
 
