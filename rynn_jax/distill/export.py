@@ -58,15 +58,13 @@ def export_student(cfg: config_lib.DistillConfig, out_dir: str, *, use_ema: bool
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rynn_jax.errors import height_width
-
     p = errors.ArgumentParser(prog="python -m rynn_jax.distill.export", description=__doc__)
     p.add_argument("--config", required=True, help="the run's recipe (configs/…py[:phase])")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's overrides (repeatable)")
     p.add_argument("--out", required=True, help="student directory to write")
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) student")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="storage dtype")
-    p.add_argument("--resolution", type=height_width, default=None,
+    p.add_argument("--resolution", type=errors.height_width, default=None,
                    help="HxW of the video behind the training latents (serving's default size)")
     a = p.parse_args(argv)
     cfg = apply_overrides(config_lib.load_config(a.config), a.set)

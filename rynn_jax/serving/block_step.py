@@ -55,7 +55,9 @@ class StepConfig:
 
 
 # What StreamingSession serves with unless told otherwise: the merged clean pass (same frames; on one
-# H200 at 480×832, 73.2 → 74.8 FPS bf16 and 83.7 → 87.6 FPS FP8, docs/PERFORMANCE.md).
+# H200 at 480×832, 73.2 → 74.8 FPS bf16 and 83.7 → 87.6 FPS FP8, docs/PERFORMANCE.md). The other
+# settings stay for what needs them: the sequential step for export and the unipc solver, and
+# `bench/bench_stream.py --ab merge | working-cache`, which times each served choice against them.
 SERVING_STEPS = StepConfig(merge_clean_pass=True)
 
 
