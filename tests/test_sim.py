@@ -16,6 +16,7 @@ import pytest
 from rynn_jax.data import clips
 from rynn_jax.data.robot import RobotSource, read_ground_truth
 from rynn_jax.sim import episode, robot_shards, scenes
+from rynn_jax.sim.resolutions import RESOLUTIONS
 
 N_PER_TASK = 5
 
@@ -60,7 +61,7 @@ def test_deterministic_per_seed(rendered):
 
 
 def test_episode_shapes_and_skeleton(rendered):
-    T, (H, W) = episode.DEFAULT_FRAMES, episode.RESOLUTIONS["tiny"]
+    T, (H, W) = episode.DEFAULT_FRAMES, RESOLUTIONS["tiny"]
     ep = rendered
     assert ep.success, ep.failures
     assert ep.rgb.shape == (T, H, W, 3) and ep.depth.shape == (T, H, W) and ep.flow.shape == (T - 1, H, W, 2)

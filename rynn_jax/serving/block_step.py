@@ -196,7 +196,6 @@ def _block_setup(state: State, control_bfhwc: jax.Array, rng: jax.Array, first_f
     return (rng, noise, *x0_euler.reference_pin(ref, first_frame, f))
 
 
-
 class CausalStudent:
     """The causal DiT split once, its start/step jitted once (the state is donated).
     `unroll_layers`: serve the layers unrolled (`dit.unrolled`; faster, longer compile)."""

@@ -64,7 +64,6 @@ def _block_key(rng: jax.Array, block: int | jax.Array) -> jax.Array:
     return jax.random.key_data(x0_euler.fold_in(rng, block))
 
 
-
 def check_frames(what: str, frames: Any) -> None:
     """Host frames (numpy) must be finite RGB in [-1, 1], checked in one pass (an 8-bit frame
     passed as is would otherwise stream garbage). Device arrays are taken as they are: checking
@@ -77,7 +76,6 @@ def check_frames(what: str, frames: Any) -> None:
         if peak > 1.0 + 1e-3:
             raise ValueError(f"{what} must be RGB in [-1, 1]; got values up to {peak:g} "
                              "(8-bit frames: x / 127.5 - 1)")
-
 
 
 class StreamingSession:
@@ -93,8 +91,8 @@ class StreamingSession:
     layers unrolled (`dit.unrolled`; faster, longer compile).
 
     `scfg.merge_clean_pass` (on in the default `SERVING_STEPS`): each block's clean cache pass runs
-    in one forward with the next block's first denoising pass (`make_deferred_step`; same frames,
-    one executable for a chunk's first block and one for the rest).
+    in one forward with the next block's first denoising pass (`block_step.make_deferred_step`; same
+    frames, one executable for a chunk's first block and one for the rest).
 
     Every program of a session is compiled ahead, all in parallel: `compile(shapes)` at boot (which
     also runs each once, so no block waits after it), or `start` for shapes it has not seen (then

@@ -19,7 +19,6 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import sys
 import time
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from rynn_jax import errors
 from rynn_jax.sim import scenes
+from rynn_jax.sim.resolutions import parse_resolution
 
 
 CACHE_ENV = "RYNN_JAX_SIM_COMPILE_CACHE"  # set by --compile-cache; spawned workers inherit it
@@ -65,18 +65,6 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
     tmp.write_text(json.dumps(record))
     os.replace(tmp, marker)
     return record
-
-
-def parse_resolution(text: str) -> str | tuple[int, int]:
-    """A named resolution ("tiny", "small", "full") or "HxW" in pixels, e.g. "128x224"."""
-    from rynn_jax.sim.episode import RESOLUTIONS
-
-    if text in RESOLUTIONS:
-        return text
-    m = re.fullmatch(r"(\d+)x(\d+)", text)
-    if not m or min(int(m[1]), int(m[2])) < 16:
-        raise ValueError(f"resolution {text!r}: use one of {sorted(RESOLUTIONS)} or HxW in pixels (≥ 16), e.g. 128x224")
-    return int(m[1]), int(m[2])
 
 
 def _done_attempts(out: str, task: str) -> dict[int, dict]:
