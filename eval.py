@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 
 from rynn_jax import compile_cache, errors
+from rynn_jax.errors import height_width
 from rynn_jax.eval.report import CHUNK_FRAMES, summary_lines
 from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
-from rynn_jax.teleop.demo import height_width
 
 
 def main(argv: list[str] | None = None) -> dict:

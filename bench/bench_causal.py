@@ -56,7 +56,8 @@ def main() -> None:
     from rynn_jax import step_export
     from rynn_jax.models import causal, fp8
     from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
-    from rynn_jax.teleop import streaming
+    from rynn_jax.serving.block_step import StepConfig, anchor_state, make_start, make_step
+    from rynn_jax.serving.cached_passes import forward_block_after_clean
 
     overrides = dict(attention=a.attention, token_multiple=a.token_multiple)
     if a.layers:
@@ -69,7 +70,7 @@ def main() -> None:
         hw, text_len = (30, 52), 512
     tokens = (hw[0] // 2) * (hw[1] // 2)
     fpb, b = a.frames_per_block, a.batch
-    scfg = streaming.StepConfig(num_steps=a.steps, solver=a.solver)
+    scfg = StepConfig(num_steps=a.steps, solver=a.solver)
 
     with nnx.use_eager_sharding(False):
         graphdef, _ = nnx.split(nnx.eval_shape(lambda: WanDiT(cfg, rngs=nnx.Rngs(0))))
@@ -94,13 +95,13 @@ def main() -> None:
     rows, results, checks = [], {}, Checks()
     for policy in ("full", "rolling"):
         ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window, policy=policy)
-        start = jax.jit(streaming.make_start(graphdef, ccfg), compiler_options=opts)
+        start = jax.jit(make_start(graphdef, ccfg), compiler_options=opts)
         state = start(params, ref, ctx)
         t0 = time.perf_counter()
-        step = step_export.compile_aot(streaming.make_step(graphdef, ccfg, scfg), params, state, control, rng,
+        step = step_export.compile_aot(make_step(graphdef, ccfg, scfg), params, state, control, rng,
                                   donate_argnums=(1,), name=f"step/{policy}", compiler_options=opts)
         results[f"compile_s/{policy}"] = time.perf_counter() - t0
-        anchor = jax.jit(streaming.anchor_state, donate_argnums=0)
+        anchor = jax.jit(anchor_state, donate_argnums=0)
 
         last = {}
 
@@ -137,7 +138,7 @@ def main() -> None:
 
     # One model pass of a block against a full cache (what each of the steps + 1 costs).
     ccfg = causal.CausalConfig(frames_per_block=fpb, window_frames=a.window)
-    state = jax.jit(streaming.make_start(graphdef, ccfg), compiler_options=opts)(params, ref, ctx)
+    state = jax.jit(make_start(graphdef, ccfg), compiler_options=opts)(params, ref, ctx)
     cache = {**state["cache"], "frames": jnp.int32(ccfg.cache_frames - fpb)}
     z = jax.random.normal(key, (b, fpb, *hw, cfg.in_channels), jnp.float32)
     t_bf = jnp.full((b, fpb), 937.0)
@@ -163,7 +164,7 @@ def main() -> None:
     model_fn = lambda p: nnx.merge(graphdef, p)  # noqa: E731
     clean_pass = jax.jit(lambda p, c: causal.forward_block(model_fn(p), c, ccfg, clean, zeros, control, write=True)[1],
                          compiler_options=opts)
-    merged_pass = jax.jit(lambda p, c: causal.forward_block_after_clean(model_fn(p), c, ccfg, clean, control, z, t_bf,
+    merged_pass = jax.jit(lambda p, c: forward_block_after_clean(model_fn(p), c, ccfg, clean, control, z, t_bf,
                                                                         control), compiler_options=opts)
     written = clean_pass(params, cache_n)
     v_seq = one_pass(params, written)

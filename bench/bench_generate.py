@@ -36,8 +36,9 @@ def write_streams(root: Path, n: int, frames: int, height: int, width: int) -> N
     """`n` synthetic operator stream directories in the layout `serve.py generate` reads."""
     from rynn_jax.kinematics import streams
     from rynn_jax.render.preview import save_png
-    from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene
-    from rynn_jax.teleop.session import synthetic_stream
+    from rynn_jax.teleop.camera_hands import synthetic_stream
+    from rynn_jax.teleop.demo import reference_scene
+    from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
 
     for i in range(n):
         d = root / f"op{i:03d}"
@@ -91,8 +92,8 @@ def main() -> None:
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.tae import TAEConfig, init_tae
     from rynn_jax.models.vae import WanVAEConfig, init_vae
+    from rynn_jax.serving.assemble import serving_session
     from rynn_jax.teleop import generate as gen
-    from rynn_jax.teleop.demo import serving_session
 
     dtype = "float32" if a.tiny else "bfloat16"
     if a.tiny:

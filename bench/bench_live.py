@@ -43,7 +43,7 @@ def percentiles(values: list[float]) -> dict:
 async def operator(url: str, seed: int, seconds: float, hz: float) -> dict:
     from rynn_jax.live import protocol
     from rynn_jax.live.client import LiveClient
-    from rynn_jax.teleop.session import synthetic_stream
+    from rynn_jax.teleop.camera_hands import synthetic_stream
 
     frames = protocol.frames_at(synthetic_stream(81, seed=seed), hz)
     span = frames[-1].t - frames[0].t + 1.0 / hz

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rynn_jax.sim import cli, episode, export, scenes  # noqa: E402
+from rynn_jax.sim import cli, episode, robot_shards, scenes  # noqa: E402
+from rynn_jax.sim.resolutions import RESOLUTIONS  # noqa: E402
 
 
 def success_rates(n: int, seed0: int) -> dict:
@@ -50,7 +51,7 @@ def throughput(resolution: str, n: int, workers: int, seed0: int) -> dict:
                 task = scenes.TASKS[i % len(scenes.TASKS)]
                 ep = episode.generate(task, seed0 + i, resolution=resolution)
                 t1 = time.perf_counter()
-                export.write_episode(ep, export.episode_dir(tmp, task, i))
+                robot_shards.write_episode(ep, robot_shards.episode_dir(tmp, task, i))
                 stages["export_s"].append(time.perf_counter() - t1)
                 for k, v in ep.info["timings_s"].items():
                     stages[k].append(v)
@@ -65,7 +66,7 @@ def throughput(resolution: str, n: int, workers: int, seed0: int) -> dict:
             wall = time.perf_counter() - t0
             done = sum(t["successes"] for t in s["tasks"].values())
             size = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()) / max(done, 1)
-    h, w = episode.RESOLUTIONS[resolution]
+    h, w = RESOLUTIONS[resolution]
     return {"resolution": [h, w], "episodes": done, "frames_per_episode": episode.DEFAULT_FRAMES,
             "workers": workers, "wall_s": round(wall, 2), "episodes_per_minute": round(60 * done / wall, 3),
             "stage_mean_s": {k: round(sum(v) / len(v), 3) for k, v in stages.items()},

@@ -18,7 +18,7 @@ tiny autoencoder of the same latent space (models/tae.py) on that side.
 scales (kernels/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
 far one held-out forward lands from the bf16 model, next to the per-token FP8 model's distance.
-Blocks run as served (`streaming.SERVING_STEPS`: each block's clean cache pass merged into the
+Blocks run as served (`serving.block_step.SERVING_STEPS`: each block's clean cache pass merged into the
 next block's first denoising pass); `--clean-pass sequential` runs the passes in turn, as before
 the merged pass was served. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass
 copying the KV cache, as before the working cache was served, vs one working copy per block) time a variant and its
@@ -240,7 +240,8 @@ def main() -> None:
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
-    from rynn_jax.teleop.streaming import SERVING_STEPS, BlockFrames, StreamingSession
+    from rynn_jax.serving.block_step import SERVING_STEPS
+    from rynn_jax.serving.session import BlockFrames, StreamingSession
 
     cache_entries_at_start = None
     if a.compile_cache:

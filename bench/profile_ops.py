@@ -408,7 +408,8 @@ def target_stream(tiny: bool, clean_pass: str) -> dict:
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.tae import TAEConfig, init_tae
     from rynn_jax.render import RenderConfig, default_intrinsics, render_video_unchecked, synthetic_hand_motion
-    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
+    from rynn_jax.serving.block_step import SERVING_STEPS
+    from rynn_jax.serving.session import StreamingSession
 
     if tiny:
         dit_cfg, tae_cfg, (h, w) = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4,

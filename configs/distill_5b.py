@@ -13,8 +13,8 @@ Memory plan (what fits on one / two H200s): docs/distill.md.
 from configs import base_5b
 from rynn_jax.distill.config import DistillConfig, DMDConfig, WarmupConfig
 from rynn_jax.models.causal import CausalConfig
+from rynn_jax.serving.block_step import StepConfig
 from rynn_jax.sharding import MeshConfig
-from rynn_jax.teleop.streaming import StepConfig
 from rynn_jax.training.config import (
     CheckpointConfig,
     DataConfig,

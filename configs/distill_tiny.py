@@ -8,8 +8,8 @@ unless ckpt.init_from is set), 4 latent frames in blocks of 2, synthetic data.
 from rynn_jax.distill.config import DistillConfig, DMDConfig, WarmupConfig
 from rynn_jax.models.causal import CausalConfig
 from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.serving.block_step import StepConfig
 from rynn_jax.sharding import MeshConfig
-from rynn_jax.teleop.streaming import StepConfig
 from rynn_jax.training.config import (
     CheckpointConfig,
     DataConfig,

@@ -7,7 +7,7 @@ the data and paths; docs/distill.md the method).
     python -m rynn_jax.distill.export --config configs/synthetic_distill.py:dmd --out weights/synthetic/student
 
 Student = the teacher's architecture and weights to start, streamed exactly as
-`teleop.streaming.StreamingSession` serves by default: blocks of 3 latent frames, a full cache of 21
+`serving.session.StreamingSession` serves by default: blocks of 3 latent frames, a full cache of 21
 frames (1 sink + 20), re-anchored every 21-frame (81-video-frame) chunk; 4 x0-Euler steps, shift 5.
 Both phases read the pre-encoded latent shards the teacher trained on (21-frame clips = 7 blocks):
 phase A needs no teacher samples (its targets are the clips' own velocities under block-wise
@@ -31,8 +31,8 @@ Learning rates are the paper's ×10 (phase A 1e-4; phase B generator and critic 
 from configs import synthetic
 from rynn_jax.distill.config import DistillConfig, DMDConfig, WarmupConfig
 from rynn_jax.models.causal import CausalConfig
+from rynn_jax.serving.block_step import SERVING_STEPS, StepConfig
 from rynn_jax.sharding import MeshConfig
-from rynn_jax.teleop.streaming import SERVING_STEPS, StepConfig
 from rynn_jax.training.config import CheckpointConfig, DataConfig, LogConfig, OptimConfig
 
 RUNS = {"warmup": f"{synthetic.RUNS}/distill_a", "dmd": f"{synthetic.RUNS}/distill_b"}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rynn_jax import checkpoints, errors
+from rynn_jax import converted_weights, errors
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import control
 from rynn_jax.models.dit import WanDiTConfig
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         params = load_vae_checkpoint(args.src, cfg, args.dtype)
     n = sum(int(np.prod(np.shape(v))) for v in flatten_params(params).values())
     with atomic_dir(args.out) as tmp:  # a cut conversion never looks like a finished one
-        checkpoints.save_params(tmp, params, cfg)
+        converted_weights.save_params(tmp, params, cfg)
         if stats is not None:
             control.write_stats(os.path.join(tmp, control.STATS_FILE), stats, cfg)
     print(f"wrote {args.model} ({n:,} parameters) to {args.out}")

@@ -101,6 +101,14 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", fix="see --help")
 
 
+def height_width(text: str) -> tuple[int, int]:
+    """argparse type for --resolution: "HxW" → (H, W)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected HxW such as 96x160, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def existing(path: str | os.PathLike[str], flag: str, *, kind: str = "file or directory") -> str:
     """`path` unchanged, or a MissingFileError naming `flag` when nothing is there."""
     path = os.fspath(path)

@@ -106,15 +106,15 @@ def causal_step_signature(model, ccfg, scfg, *, batch: int, latent_hw: tuple[int
     from jax.sharding import PartitionSpec
 
     from rynn_jax.models.dit import unrolled
-    from rynn_jax.teleop import streaming
+    from rynn_jax.serving.block_step import make_start, make_step
 
     if scfg.merge_clean_pass:  # its steps take the previous block as extra inputs: not this calling convention
         raise ValueError("export_causal_step exports the sequential step; StepConfig.merge_clean_pass is "
                          "StreamingSession-only")
     cfg = model.cfg
     graphdef, params = nnx.split(unrolled(model) if unroll_layers else model)
-    start, leaves = _flat(streaming.make_start(graphdef, ccfg), params)
-    step, _ = _flat(streaming.make_step(graphdef, ccfg, scfg), params)
+    start, leaves = _flat(make_start(graphdef, ccfg), params)
+    step, _ = _flat(make_step(graphdef, ccfg, scfg), params)
     logical = jax.tree.leaves(nnx.get_partition_spec(params), is_leaf=lambda x: isinstance(x, PartitionSpec))
     leaf_specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     ref = jax.ShapeDtypeStruct((batch, 1, *latent_hw, cfg.in_channels), jnp.float32)

@@ -13,7 +13,8 @@ import pytest
 from rynn_jax.data import shards as shards_lib
 from rynn_jax.models import fp8
 from rynn_jax.models.dit import WanDiTConfig
-from rynn_jax.teleop import calibrate_fp8, demo
+from rynn_jax.serving.assemble import build_dit, build_modules
+from rynn_jax.teleop import calibrate_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def _record(rng, t_lat: int, cfg: WanDiTConfig, text_tokens: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def shard_dir(tmp_path_factory):
-    cfg = demo.build_dit(None, 0).cfg
+    cfg = build_dit(None, 0).cfg
     rng = np.random.default_rng(0)
     d = tmp_path_factory.mktemp("latents")
     for i in range(2):
@@ -41,7 +42,7 @@ def shard_dir(tmp_path_factory):
 
 
 def test_batches_are_noised_windows_of_the_clips(shard_dir):
-    cfg = demo.build_dit(None, 0).cfg
+    cfg = build_dit(None, 0).cfg
     clips = calibrate_fp8.read_clips(str(shard_dir), 3)
     assert len(clips) == 3
     batches = list(calibrate_fp8.calibration_batches(clips, cfg, frames=3, timesteps=[999.0, 500.0, 0.0], seed=1))
@@ -70,13 +71,13 @@ def test_cli_writes_scales_that_load_into_the_demo_model(shard_dir, tmp_path):
     for name, err in summary["rel_l2_vs_float_on_one_batch"].items():
         assert 1e-4 < err < 1e-1, (name, err)
     scales = fp8.load_scales(out)
-    dit, _ = demo.build_modules(None, None, 0, fp8=True, fp8_scales=str(out))
+    dit, _ = build_modules(None, None, 0, fp8=True, fp8_scales=str(out))
     assert dit.cfg.fp8_activations == "static"
     # same scales as calibrating directly on the same batches
     clips = calibrate_fp8.read_clips(str(shard_dir), 3)
     direct_batches = list(calibrate_fp8.calibration_batches(clips, dit.cfg, frames=3,
                                                             timesteps=summary["timesteps"], seed=0))
-    direct = fp8.calibrate(fp8.quantize_dit(demo.build_dit(None, 0)), lambda m, b: m(*b), direct_batches,
+    direct = fp8.calibrate(fp8.quantize_dit(build_dit(None, 0)), lambda m, b: m(*b), direct_batches,
                            progress=False)
     want = fp8.static_scales(direct)
     assert set(scales) == set(want) == set(fp8.static_scales(dit))
@@ -86,7 +87,7 @@ def test_cli_writes_scales_that_load_into_the_demo_model(shard_dir, tmp_path):
 
 
 def test_scales_file_errors(tmp_path):
-    q = fp8.quantize_dit(demo.build_dit(None, 0))
+    q = fp8.quantize_dit(build_dit(None, 0))
     n = q.cfg.num_layers
     good = {name: np.full((n, 1), 0.01, np.float32) for name in
             [f"blocks.{a}.{p}.input_scale" for a in ("self_attn", "cross_attn") for p in "qkvo"]
@@ -99,7 +100,7 @@ def test_scales_file_errors(tmp_path):
     with pytest.raises(ValueError, match=r"'blocks\.self_attn\.q\.input_scale' has non-finite"):
         fp8.with_static_scales(q, {**good, "blocks.self_attn.q.input_scale": np.full((n, 1), np.nan, np.float32)})
     with pytest.raises(ValueError, match="expects quantize_dit's output"):
-        fp8.with_static_scales(demo.build_dit(None, 0), good)
+        fp8.with_static_scales(build_dit(None, 0), good)
 
     from safetensors.numpy import save_file
 
@@ -114,11 +115,11 @@ def test_scales_file_errors(tmp_path):
     with pytest.raises(ValueError, match=r"foreign\.safetensors: not an FP8 scales file"):
         fp8.load_scales(tmp_path / "foreign.safetensors")
     with pytest.raises(ValueError, match="--fp8-scales needs --fp8"):
-        demo.build_modules(None, None, 0, fp8_scales=str(path))
+        build_modules(None, None, 0, fp8_scales=str(path))
 
 
 def test_calibration_input_errors(shard_dir, tmp_path):
-    cfg = demo.build_dit(None, 0).cfg
+    cfg = build_dit(None, 0).cfg
     with pytest.raises(ValueError, match="no latent shards"):
         calibrate_fp8.read_clips(str(tmp_path), 2)
     clips = calibrate_fp8.read_clips(str(shard_dir), 1)
@@ -147,14 +148,14 @@ def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax import checkpoints
-    from rynn_jax.models import vae as V
+    from rynn_jax import converted_weights
     from rynn_jax.kernels import vae_fp8
+    from rynn_jax.models import vae as V
     from rynn_jax.models.vae_weights import load_vae
 
     cfg = V.WanVAEConfig.tiny(decoder_base_dim=64, dim_mult=(1, 2), temporal_downsample=(True,))
     vae_dir = tmp_path / "vae"
-    checkpoints.save_params(vae_dir, nnx.to_pure_dict(nnx.state(V.init_vae(cfg, 0), nnx.Param)), cfg)
+    converted_weights.save_params(vae_dir, nnx.to_pure_dict(nnx.state(V.init_vae(cfg, 0), nnx.Param)), cfg)
     rng = np.random.default_rng(0)
     lat_dir = tmp_path / "latents"
     lat_dir.mkdir()
@@ -186,7 +187,7 @@ def test_vae_cli_writes_scales_that_serve_the_decoder(tmp_path):
     assert y.shape == (1, 1 + cfg.temporal_stride, 8, 16, 3) and bool(jnp.isfinite(y).all())
 
     with pytest.raises(ValueError, match="--vae-fp8-scales needs --vae"):
-        demo.build_modules(None, None, 0, vae_fp8_scales=str(out))
+        build_modules(None, None, 0, vae_fp8_scales=str(out))
     with pytest.raises(ValueError, match="fewer than --frames 5"):
         list(calibrate_fp8.vae_calibration_batches(clips, cfg.z_dim, frames=5))
     with pytest.raises(ValueError, match="do not fit a VAE with 16 latent channels"):

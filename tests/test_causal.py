@@ -16,7 +16,14 @@ from flax import nnx
 
 from rynn_jax.models import causal
 from rynn_jax.models.dit import WanDiTConfig, init_dit
-from rynn_jax.teleop import streaming
+from rynn_jax.serving import codecs
+from rynn_jax.serving.block_step import (CausalStudent, StepConfig, make_deferred_step, make_start, make_step,
+                                         step_schedule)
+from rynn_jax.serving.cached_passes import (forward_block_after_clean, forward_block_after_clean_in_place,
+                                            forward_block_in_place, has_working_path, working_kv)
+from rynn_jax.serving.codecs import decode_block, encode_block
+from rynn_jax.serving.session import StreamingSession
+from rynn_jax.serving.stream_step import make_stream_start, make_stream_step
 
 # Every test here is compiling-bound (sessions of many programs, eager ops on tiny arrays): XLA's
 # cheapest compile (tests/conftest.py); the checks compare computations compiled the same way.
@@ -165,7 +172,7 @@ def test_slot_positions_relative_to_window():
 
 
 def test_step_schedule():
-    t, sigmas = streaming.step_schedule(streaming.StepConfig())
+    t, sigmas = step_schedule(StepConfig())
     assert t.tolist() == [999, 937, 833, 624]
     assert sigmas[-1] == 0.0 and np.all(np.diff(sigmas) < 0)
 
@@ -181,7 +188,7 @@ def test_training_rollout_and_served_steps_give_the_same_frames(model):
     from rynn_jax.models.dit import unrolled
 
     fpb, blocks, b = 2, 3, 2
-    ccfg, scfg = causal.CausalConfig(frames_per_block=fpb, window_frames=5), streaming.StepConfig(num_steps=3)
+    ccfg, scfg = causal.CausalConfig(frames_per_block=fpb, window_frames=5), StepConfig(num_steps=3)
     rng = np.random.default_rng(13)
     ref, ctx = _start_inputs(rng, b)
     control = _latents(rng, b, fpb * blocks)
@@ -195,7 +202,7 @@ def test_training_rollout_and_served_steps_give_the_same_frames(model):
     np.testing.assert_array_equal(want[:, 0], ref[:, 0])  # the chunk's frame 0 is the reference
     blk = lambda i: control[:, i * fpb:(i + 1) * fpb]  # noqa: E731
 
-    student = streaming.CausalStudent(model, ccfg, scfg)
+    student = CausalStudent(model, ccfg, scfg)
     state = student.start(ref, ctx)
     served = []
     for i in range(blocks):
@@ -205,8 +212,8 @@ def test_training_rollout_and_served_steps_give_the_same_frames(model):
 
     g, p = nnx.split(unrolled(model))
     merged = dataclasses.replace(scfg, merge_clean_pass=True)
-    first, after = (jax.jit(streaming.make_deferred_step(g, ccfg, merged, after_clean=a)) for a in (False, True))
-    state = jax.jit(streaming.make_start(g, ccfg))(p, ref, ctx)
+    first, after = (jax.jit(make_deferred_step(g, ccfg, merged, after_clean=a)) for a in (False, True))
+    state = jax.jit(make_start(g, ccfg))(p, ref, ctx)
     none = jnp.zeros((), jnp.float32)
     x, state = first(p, state, blk(0), jax.random.fold_in(key, 0), none, none)
     served = [x]
@@ -224,7 +231,7 @@ def _start_inputs(rng, b=2):
 
 def test_rolling_session_constant_memory_one_compile(model):
     ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
-    student = streaming.CausalStudent(model, ccfg, streaming.StepConfig(num_steps=2))
+    student = CausalStudent(model, ccfg, StepConfig(num_steps=2))
     rng = np.random.default_rng(3)
     ref, ctx = _start_inputs(rng)
     with compiled_programs("jaxpr_trace") as traced:  # the first session traces them
@@ -252,7 +259,7 @@ def test_rolling_session_constant_memory_one_compile(model):
 
 def test_unipc_solver_runs_and_pins_reference(model):
     ccfg = causal.CausalConfig(frames_per_block=2, window_frames=4)
-    student = streaming.CausalStudent(model, ccfg, streaming.StepConfig(solver="unipc"))
+    student = CausalStudent(model, ccfg, StepConfig(solver="unipc"))
     rng = np.random.default_rng(4)
     ref, ctx = _start_inputs(rng, b=1)
     x, state = student.step(student.start(ref, ctx), np.zeros((1, 2, *LATENT_HW, 8), np.float32), jax.random.key(1))
@@ -261,7 +268,7 @@ def test_unipc_solver_runs_and_pins_reference(model):
 
 
 def test_bad_step_inputs_fail_before_device_work(model):
-    student = streaming.CausalStudent(model, causal.CausalConfig(frames_per_block=2, window_frames=4))
+    student = CausalStudent(model, causal.CausalConfig(frames_per_block=2, window_frames=4))
     rng = np.random.default_rng(5)
     state = student.start(*_start_inputs(rng))
     bad = np.zeros((2, 2, *LATENT_HW, 8), np.float32)
@@ -278,7 +285,7 @@ def test_bad_step_inputs_fail_before_device_work(model):
     assert "step" not in traced, traced  # the step never traced, let alone run
 
 
-# the seam programs every session compiles ahead with its big ones (streaming._seam_programs)
+# the seam programs every session compiles ahead with its big ones (serving.session._seam_programs)
 SEAMS = {"pad_session_first", "pad_chunk_first", "last_frame", "block_key", "drop_3", "drop_4"}
 
 
@@ -288,7 +295,7 @@ def test_streaming_session_reanchors(model):
     dit = init_dit(dataclasses.replace(CFG, in_channels=4, out_channels=4, control_channels=4), seed=2)
     vae = init_vae(WanVAEConfig.tiny(), seed=0)
     ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3)
-    session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=1), chunk_frames=4)
+    session = StreamingSession(dit, vae, ccfg, StepConfig(num_steps=1), chunk_frames=4)
     rng = np.random.default_rng(6)
     image = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)  # latent 2×4
     session.compile(image.shape)  # as at a server's boot: compiled, and each program run once on zeros
@@ -331,7 +338,7 @@ def test_streaming_session_reanchors(model):
 
 @pytest.mark.parametrize("policy", ["full", "rolling"])
 def test_merged_clean_pass_equals_sequential(model, policy):
-    """causal.forward_block_after_clean (a block's clean pass + the next block's first denoising
+    """forward_block_after_clean (a block's clean pass + the next block's first denoising
     pass in one forward) == the two passes one after the other: velocity and written cache, over
     enough blocks for the rolling ring to wrap, with and without token padding."""
     ccfg = causal.CausalConfig(frames_per_block=2, window_frames=3, policy=policy)
@@ -344,7 +351,7 @@ def test_merged_clean_pass_equals_sequential(model, policy):
             t = jnp.asarray([[937.0, 937.0], [624.0, 624.0]])
             _, written = causal.forward_block(m, cache, ccfg, clean, jnp.zeros((2, 2)), clean_c, write=True)
             v_seq, _ = causal.forward_block(m, written, ccfg, z, t, c, write=False)
-            v, merged = causal.forward_block_after_clean(m, cache, ccfg, clean, clean_c, z, t, c)
+            v, merged = forward_block_after_clean(m, cache, ccfg, clean, clean_c, z, t, c)
             assert rel_err(v, v_seq) < 1e-5 and int(merged["frames"]) == int(written["frames"])
             for name in ("k_lbsnh", "v_lbsnh"):
                 assert rel_err(merged[name], written[name]) < 1e-5, name
@@ -365,34 +372,34 @@ def test_in_place_working_cache_equals_forward_block(model, policy):
     rng = np.random.default_rng(12)
     for m in (model, _padded(model, 16)):
         served = unrolled(m)
-        assert causal.has_working_path(served) and not causal.has_working_path(m)
+        assert has_working_path(served) and not has_working_path(m)
         ctx = jnp.asarray(rng.standard_normal((2, CFG.text_len, CFG.text_dim)), jnp.float32)
         cache = causal.init_cache(m, ccfg, ctx, LATENT_HW)
         for _ in range(4 if policy == "rolling" else 2):
-            work = causal.working_kv(served, cache, ccfg, cache["frames"], (2, 2, *LATENT_HW, 8))
+            work = working_kv(served, cache, ccfg, cache["frames"], (2, 2, *LATENT_HW, 8))
             c = _latents(rng, 2, 2)
             for t in (937.0, 624.0):
                 z = _latents(rng, 2, 2)
                 v_ref, _ = causal.forward_block(m, cache, ccfg, z, jnp.full((2, 2), t), c, write=False)
-                v, same, work = causal.forward_block_in_place(served, cache, work, ccfg, z, jnp.full((2, 2), t), c,
+                v, same, work = forward_block_in_place(served, cache, work, ccfg, z, jnp.full((2, 2), t), c,
                                                               write=False)
                 assert same is cache and rel_err(v, v_ref) < 1e-5
             clean = _latents(rng, 2, 2)
             _, want = causal.forward_block(m, cache, ccfg, clean, jnp.zeros((2, 2)), c, write=True)
-            _, got, _ = causal.forward_block_in_place(served, cache, work, ccfg, clean, jnp.zeros((2, 2)), c, write=True)
+            _, got, _ = forward_block_in_place(served, cache, work, ccfg, clean, jnp.zeros((2, 2)), c, write=True)
             for name in ("k_lbsnh", "v_lbsnh", "frames"):
                 assert rel_err(got[name], want[name]) < 1e-5, name
             if policy == "full" and int(want["frames"]) + 2 <= ccfg.cache_frames:
                 z, c2 = _latents(rng, 2, 2), _latents(rng, 2, 2)
                 t = jnp.asarray([[937.0, 937.0], [624.0, 624.0]])
                 v_seq, _ = causal.forward_block(m, want, ccfg, z, t, c2, write=False)
-                work = causal.working_kv(served, cache, ccfg, want["frames"], (2, 2, *LATENT_HW, 8))
-                v, merged, _ = causal.forward_block_after_clean_in_place(served, cache, work, ccfg, clean, c, z, t, c2)
+                work = working_kv(served, cache, ccfg, want["frames"], (2, 2, *LATENT_HW, 8))
+                v, merged, _ = forward_block_after_clean_in_place(served, cache, work, ccfg, clean, c, z, t, c2)
                 assert rel_err(v, v_seq) < 1e-5 and rel_err(merged["k_lbsnh"], want["k_lbsnh"]) < 1e-5
             cache = want
     with pytest.raises(ValueError, match="full cache policy"):
         rolling = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
-        causal.forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
+        forward_block_after_clean_in_place(served, cache, work, rolling, clean, c, z, jnp.zeros((2, 2)), c)
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +423,7 @@ def sessions():
         reference = rng.uniform(-1, 1, (1, 32, 64, 3)).astype(np.float32)
         frames = {}
         for merge, unroll in ((False, False), (False, True), (True, True)):
-            session = streaming.StreamingSession(dit, vae, ccfg, streaming.StepConfig(num_steps=3,
+            session = StreamingSession(dit, vae, ccfg, StepConfig(num_steps=3,
                                                                                       merge_clean_pass=merge),
                                                  chunk_frames=4, unroll_layers=unroll)
             with compiled_programs() as names:
@@ -519,15 +526,15 @@ def test_session_refuses_bad_inputs(sessions):
     with pytest.raises(ValueError, match="next_reference"):
         session.step(s.skeletons[2], s.reference[:, :16])
     with pytest.raises(ValueError, match="x0_euler"):
-        streaming.StepConfig(solver="unipc", merge_clean_pass=True)
+        StepConfig(solver="unipc", merge_clean_pass=True)
 
 
 def test_rolling_session_compiles_no_anchor_program(sessions):
     """A rolling session that never re-anchors compiles no anchor program (nor its seams)."""
     s = sessions
-    rolling = streaming.StreamingSession(s.dit, s.vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
+    rolling = StreamingSession(s.dit, s.vae, causal.CausalConfig(frames_per_block=2, window_frames=3,
                                                                            policy="rolling"),
-                                         streaming.StepConfig(num_steps=3, merge_clean_pass=True), chunk_frames=None)
+                                         StepConfig(num_steps=3, merge_clean_pass=True), chunk_frames=None)
     rolling.compile(s.image.shape)
     rolling.start(s.image, s.ctx, jax.random.key(0))
     out = [np.asarray(rolling.step(k)) for k in (s.skeletons[0], s.skeletons[1], s.skeletons[3], s.skeletons[1])]
@@ -551,23 +558,23 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     tiny = tae.tae_from_params(tcfg, jax.tree.map(  # LeCun-scaled: rounding differences stay small
         lambda a: (rng.standard_normal(a.shape) * np.sqrt(1 / fan_in(a))).astype(np.float32),
         tae_weights.abstract_params(tcfg)))
-    ccfg, scfg = causal.CausalConfig(frames_per_block=2, window_frames=3), streaming.StepConfig(num_steps=1)
-    enc, enc_params = streaming.Codec.split(vae)
-    dec, dec_params = streaming.Codec.split(tiny)
+    ccfg, scfg = causal.CausalConfig(frames_per_block=2, window_frames=3), StepConfig(num_steps=1)
+    enc, enc_params = codecs.split(vae)
+    dec, dec_params = codecs.split(tiny)
     assert dec.lib is tae and enc.lib is not tae
     graphdef, params = nnx.split(dit)
     image = jnp.asarray(rng.uniform(-1, 1, (1, 32, 64, 3)), jnp.float32)
     ctx = jnp.asarray(rng.standard_normal((1, CFG.text_len, CFG.text_dim)), jnp.float32)
     skeleton = jnp.asarray(rng.uniform(-1, 1, (1, 8, 32, 64, 3)), jnp.float32)
     key = jax.random.key_data(jax.random.key(3))
-    state = streaming.make_stream_start(graphdef, enc, dec, ccfg)(params, (enc_params, dec_params), image, ctx)
-    rgb, _ = jax.jit(streaming.make_stream_step(graphdef, enc, dec, ccfg, scfg))(
+    state = make_stream_start(graphdef, enc, dec, ccfg)(params, (enc_params, dec_params), image, ctx)
+    rgb, _ = jax.jit(make_stream_step(graphdef, enc, dec, ccfg, scfg))(
         params, (enc_params, dec_params), state, skeleton, key)
 
     @jax.jit
     def reference(state):
-        control, _ = streaming.encode_block(enc, enc_params, state["enc"], skeleton)
-        latents, _ = streaming.make_step(graphdef, ccfg, scfg)(params, state["dit"], control, key)
+        control, _ = encode_block(enc, enc_params, state["enc"], skeleton)
+        latents, _ = make_step(graphdef, ccfg, scfg)(params, state["dit"], control, key)
         return tae.decode(dec.graphdef, dec_params, latents)  # 1 + 4·(2 − 1) frames
 
     want = reference(state)
@@ -578,14 +585,14 @@ def test_stream_step_decodes_with_the_tiny_autoencoder():
     # The tiny autoencoder encodes a block in one call (Codec.whole_blocks): the same latents as one
     # chunk per call, and as the whole-clip encode of frame 0 (index 3 of the first chunk) onwards.
     fresh = tae.init_encode_cache(tcfg, 1, 32, 64)
-    z_block = jax.jit(lambda c, x: streaming.encode_block(dec, dec_params, c, x)[0])(fresh, skeleton)
+    z_block = jax.jit(lambda c, x: encode_block(dec, dec_params, c, x)[0])(fresh, skeleton)
     per_chunk = dataclasses.replace(dec, whole_blocks=False)
-    z_chunks = jax.jit(lambda c, x: streaming.encode_block(per_chunk, dec_params, c, x)[0])(fresh, skeleton)
+    z_chunks = jax.jit(lambda c, x: encode_block(per_chunk, dec_params, c, x)[0])(fresh, skeleton)
     assert z_block.shape == (1, 2, 2, 4, 4)
     np.testing.assert_allclose(z_block, z_chunks, atol=1e-5)
     np.testing.assert_allclose(z_block, tae.encode(dec.graphdef, dec_params, skeleton[:, 3:]), atol=1e-5)
     with pytest.raises(ValueError, match="decoder makes 48-channel latents, the DiT takes 4"):
-        streaming.StreamingSession(dit, vae, ccfg, scfg, chunk_frames=4, decoder=tae.abstract_tae(tae.TAEConfig.wan22()))
+        StreamingSession(dit, vae, ccfg, scfg, chunk_frames=4, decoder=tae.abstract_tae(tae.TAEConfig.wan22()))
 
 
 def test_codec_blocks_with_a_static_first_flag_equal_the_cond():
@@ -596,12 +603,12 @@ def test_codec_blocks_with_a_static_first_flag_equal_the_cond():
     from rynn_jax.models.vae import WanVAEConfig, init_decode_cache, init_encode_cache, init_vae
 
     vae = init_vae(WanVAEConfig.tiny(), seed=0)
-    codec, params = streaming.Codec.split(vae)
+    codec, params = codecs.split(vae)
     rng = np.random.default_rng(5)
     frames = [jnp.asarray(rng.uniform(-1, 1, (1, 8, 32, 64, 3)), jnp.float32) for _ in range(2)]
     latents = [jnp.asarray(rng.standard_normal((1, 2, 2, 4, vae.cfg.z_dim)), jnp.float32) for _ in range(2)]
-    for block, cache, inputs in ((streaming.encode_block, init_encode_cache(vae.cfg, 1, 32, 64), frames),
-                                 (streaming.decode_block, init_decode_cache(vae.cfg, 1, 32, 64), latents)):
+    for block, cache, inputs in ((encode_block, init_encode_cache(vae.cfg, 1, 32, 64), frames),
+                                 (decode_block, init_decode_cache(vae.cfg, 1, 32, 64), latents)):
         run = {first: jax.jit(lambda c, x, first=first: block(codec, params, c, x, first=first))
                for first in (None, True, False)}
         c_cond, c_static = cache, cache

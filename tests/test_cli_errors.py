@@ -27,7 +27,8 @@ from rynn_jax.render.preview import save_png
 from rynn_jax.sim import cli as sim_cli
 from rynn_jax.sim import episode  # noqa: F401 -- imported ahead (MuJoCo): timing excludes imports
 from rynn_jax.teleop import calibrate_fp8, demo, generate  # noqa: F401 -- imported ahead: timing excludes imports
-from rynn_jax.teleop.session import synthetic_stream
+from rynn_jax.teleop.camera_hands import synthetic_stream
+from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
 from rynn_jax.training import export_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,19 +43,19 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     stream = synthetic_stream(9)
     good = d / "good"
     good.mkdir()
-    streams.write(good / demo.STREAM_FILE, stream)
-    save_png(good / demo.IMAGE_FILE, demo.reference_scene(32, 64))
-    data = (good / demo.STREAM_FILE).read_bytes()
+    streams.write(good / STREAM_FILE, stream)
+    save_png(good / IMAGE_FILE, demo.reference_scene(32, 64))
+    data = (good / STREAM_FILE).read_bytes()
     for name, content in (("cut", data[:300]), ("empty", b"")):
         (d / name).mkdir()
-        (d / name / demo.STREAM_FILE).write_bytes(content)
-        (d / name / demo.IMAGE_FILE).write_bytes((good / demo.IMAGE_FILE).read_bytes())
+        (d / name / STREAM_FILE).write_bytes(content)
+        (d / name / IMAGE_FILE).write_bytes((good / IMAGE_FILE).read_bytes())
     (d / "nan").mkdir()
     nan_hands = np.full_like(stream.hand_keypoints, np.nan)
-    streams.write(d / "nan" / demo.STREAM_FILE, dataclasses.replace(stream, hand_keypoints=nan_hands))
-    (d / "nan" / demo.IMAGE_FILE).write_bytes((good / demo.IMAGE_FILE).read_bytes())
+    streams.write(d / "nan" / STREAM_FILE, dataclasses.replace(stream, hand_keypoints=nan_hands))
+    (d / "nan" / IMAGE_FILE).write_bytes((good / IMAGE_FILE).read_bytes())
     (d / "noimage").mkdir()
-    streams.write(d / "noimage" / demo.STREAM_FILE, stream)
+    streams.write(d / "noimage" / STREAM_FILE, stream)
     (d / "no_streams").mkdir()
     (d / "a_file").write_text("not a directory")
     (d / "garbage.safetensors").write_bytes(b"\0garbage")
@@ -68,19 +69,19 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 
 def _cases():
     # Placeholders are the inputs fixture's paths; {out} is the case's own (to stay empty) folder.
-    stream = f"{{good}}/{demo.STREAM_FILE}"
+    stream = f"{{good}}/{STREAM_FILE}"
     # (name, main, argv, exit code, text the error line must contain)
     return [
         # serve.py
         ("serve-unknown", serve.main, ["bogus"], 2, "unknown command 'bogus'"),
         # serve.py demo: the bundled-sample world and the sim world
         ("demo-cut-stream", serve.main, ["demo", "--sample", "{cut}", "--out", "{out}/d"], 1,
-         f"cut/{demo.STREAM_FILE}: not a readable"),
+         f"cut/{STREAM_FILE}: not a readable"),
         ("demo-empty-stream", serve.main, ["demo", "--sample", "{empty}", "--out", "{out}/d"], 1, "(empty file)"),
         ("demo-missing-sample", serve.main, ["demo", "--sample", "{out}/nope", "--out", "{out}/d"], 1,
          "--sample {out}/nope: no such directory"),
         ("demo-missing-image", serve.main, ["demo", "--sample", "{noimage}", "--out", "{out}/d"], 1,
-         f"noimage/{demo.IMAGE_FILE}: no such file"),
+         f"noimage/{IMAGE_FILE}: no such file"),
         ("demo-nan-hands", serve.main, ["demo", "--sample", "{nan}", "--out", "{out}/d"], 1,
          "frames have no valid hand pose"),
         ("demo-missing-dit", serve.main, ["demo", "--sample", "{good}", "--dit", "/nonexistent", "--vae",
@@ -106,7 +107,7 @@ def _cases():
         ("generate-missing-streams", serve.main, ["generate", "--streams", "{out}/nope", "--out", "{out}/g"], 1,
          "--streams {out}/nope: no such directory"),
         ("generate-no-streams", serve.main, ["generate", "--streams", "{no_streams}", "--out", "{out}/g"], 1,
-         f"no {demo.STREAM_FILE} at or under it"),
+         f"no {STREAM_FILE} at or under it"),
         ("generate-batch", serve.main, ["generate", "--streams", "{good}", "--out", "{out}/g", "--batch", "0"], 2,
          "--batch 0"),
         ("generate-text-twice", serve.main, ["generate", "--streams", "{good}", "--out", "{out}/g", "--text",
@@ -130,13 +131,13 @@ def _cases():
         ("live-missing-dit", serve.main, ["live", "--dit", "/nonexistent", "--vae", "/nonexistent", "--record-dir",
                                           "{out}/r"], 1, "--dit /nonexistent: no such"),
         # python -m rynn_jax.kinematics.cli retarget
-        ("retarget-cut", kin_cli.main, ["retarget", f"{{cut}}/{demo.STREAM_FILE}", "{out}/a.npz"], 1,
+        ("retarget-cut", kin_cli.main, ["retarget", f"{{cut}}/{STREAM_FILE}", "{out}/a.npz"], 1,
          "not a readable rynn-teleop-stream/1 file (truncated"),
-        ("retarget-empty", kin_cli.main, ["retarget", f"{{empty}}/{demo.STREAM_FILE}", "{out}/a.npz"], 1,
+        ("retarget-empty", kin_cli.main, ["retarget", f"{{empty}}/{STREAM_FILE}", "{out}/a.npz"], 1,
          "(empty file)"),
         ("retarget-missing", kin_cli.main, ["retarget", "{out}/nope.npz", "{out}/a.npz"], 1,
          "{out}/nope.npz: no such operator stream file"),
-        ("retarget-nan-hands", kin_cli.main, ["retarget", f"{{nan}}/{demo.STREAM_FILE}", "{out}/a.npz"], 1,
+        ("retarget-nan-hands", kin_cli.main, ["retarget", f"{{nan}}/{STREAM_FILE}", "{out}/a.npz"], 1,
          "frames have no valid hand pose"),
         ("retarget-out-suffix", kin_cli.main, ["retarget", stream, "{out}/a.txt"], 2, "must end in .npz"),
         ("retarget-out-under-a-file", kin_cli.main, ["retarget", stream, "{a_file}/a.npz"], 2,
@@ -231,7 +232,7 @@ def test_bad_input_fails_early_in_one_line(name, main, argv, code, message, inpu
 
 
 def test_debug_shows_the_traceback(inputs, tmp_path, capsys):
-    argv = ["retarget", f"{inputs['cut']}/{demo.STREAM_FILE}", str(tmp_path / "a.npz")]
+    argv = ["retarget", f"{inputs['cut']}/{STREAM_FILE}", str(tmp_path / "a.npz")]
     assert errors.run(kin_cli.main, [*argv, "--debug"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: ")

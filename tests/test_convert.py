@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.convert import main
-from rynn_jax.weights import ConversionError, Rule, convert_state_dict, open_safetensors
 from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.dit_weights import load_dit
+from rynn_jax.weights import ConversionError, Rule, convert_state_dict, open_safetensors
 
 
 def _tiny_diffusers_state_dict(cfg: WanDiTConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -85,7 +85,7 @@ def test_sharded_pipeline_dir_and_cli_roundtrip(tmp_path):
 
     out = tmp_path / "converted"
     main(["dit", str(pipeline), str(out), "--config", "tiny"])
-    assert checkpoints.is_converted_dir(out)
+    assert converted_weights.is_converted_dir(out)
     restored = load_dit(str(out))
     np.testing.assert_array_equal(_outputs(restored, cfg), _outputs(direct, cfg))
 

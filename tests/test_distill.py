@@ -30,7 +30,7 @@ from rynn_jax.distill.config import DMDConfig
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.causal import CausalConfig
 from rynn_jax.models.dit import WanDiTConfig, init_dit
-from rynn_jax.teleop.streaming import StepConfig
+from rynn_jax.serving.block_step import StepConfig
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import samples as samples_lib
 from rynn_jax.training.config import TrainConfig

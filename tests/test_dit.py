@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rynn_jax.weights import ConversionError, flatten_params
 from rynn_jax.models import dit
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit, dit_from_params, init_dit
-from rynn_jax.text import pad_context
 from rynn_jax.models.dit_weights import dit_config_from_json, dit_params_from_state_dict, load_dit
+from rynn_jax.text import pad_context
+from rynn_jax.weights import ConversionError, flatten_params
 
 
 
@@ -372,7 +372,7 @@ def test_loads_an_odd_architecture_from_its_config_json(tmp_path):
     from diffusers import WanTransformer3DModel
     from safetensors.numpy import save_file
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.convert import main as convert_cli
 
     torch.manual_seed(3)
@@ -409,7 +409,7 @@ def test_loads_an_odd_architecture_from_its_config_json(tmp_path):
         np.testing.assert_array_equal(np.asarray(value), np.asarray(want[path]))
 
     convert_cli(["dit", str(tmp_path / "pipeline"), str(tmp_path / "converted")])
-    assert checkpoints.load_config(tmp_path / "converted", WanDiTConfig) == model.cfg
+    assert converted_weights.load_config(tmp_path / "converted", WanDiTConfig) == model.cfg
     with pytest.raises(ConversionError, match=r"num_layers=3 there, 2 given"):
         load_dit(tmp_path / "pipeline", WanDiTConfig.tiny())
     with pytest.raises(ConversionError, match=r"in_channels=5 there, 8 given"):

@@ -15,6 +15,8 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from rynn_jax import errors
@@ -26,13 +28,13 @@ H, W, T = 64, 96, 9
 
 @pytest.fixture(scope="module")
 def sim_root(tmp_path_factory):
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     root = tmp_path_factory.mktemp("sim_heldout")
     for task, seed in (("push_block", 1), ("lid_placement", 2)):
         ep = episode.generate(task, seed, resolution=(H, W), num_frames=21)
-        export.write_episode(ep, export.episode_dir(root, task, seed))
-    export.write_action_stats(root)
+        robot_shards.write_episode(ep, robot_shards.episode_dir(root, task, seed))
+    robot_shards.write_action_stats(root)
     return root
 
 
@@ -270,9 +272,14 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
     names = episodes.list_episodes(sim_root)
     assert s["episodes"] == 2 and set(s["variants"]) == {"model", "model_swapped", "autoencoder", "copy_first_frame",
                                                          "shifted"}
-    for f in ("metrics.json", "episodes.csv", "episodes.parquet", "psnr_over_time.png", "histograms.png", "grid.png",
-              "report.md"):
-        assert (out / f).stat().st_size > 0, f
+    assert json.loads((out / "metrics.json").read_text())["config"]["model"] == "teacher"
+    table = pq.read_table(out / "episodes.parquet").to_pylist()  # one row per (episode, variant)
+    assert sorted((r["episode"], r["variant"]) for r in table) == sorted((n, v) for n in names for v in s["variants"])
+    csv_rows = pa_csv.read_csv(out / "episodes.csv").to_pylist()
+    assert [(r["episode"], r["variant"]) for r in csv_rows] == [(r["episode"], r["variant"]) for r in table]
+    np.testing.assert_allclose([r["psnr"] for r in csv_rows], [r["psnr"] for r in table], rtol=1e-6)  # NaN == NaN
+    for f in ("psnr_over_time.png", "histograms.png", "grid.png"):
+        _assert_picture(out / f)
     report = (out / "report.md").read_text()
     assert "![per-frame PSNR](psnr_over_time.png)" in report and "![frame strips](grid.png)" in report
     rec = json.loads((out / "episodes" / f"{names[0]}.json".replace("/", "__")).read_text())
@@ -326,15 +333,16 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     directly, and the drift table's per-chunk PSNR is scikit-image's, averaged per chunk."""
     from skimage.metrics import peak_signal_noise_ratio
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.models.causal import CausalConfig
     from rynn_jax.models.dit import WanDiTConfig, init_dit
     from rynn_jax.models.dit_weights import load_dit
     from rynn_jax.models.vae import WanVAEConfig, init_vae
     from rynn_jax.models.vae_weights import load_vae
-    from rynn_jax.teleop import demo, generate as generate_lib
-    from rynn_jax.teleop.student import StudentSpec, write_spec
-    from rynn_jax.teleop.streaming import StepConfig
+    from rynn_jax.serving.assemble import serving_session
+    from rynn_jax.serving.block_step import StepConfig
+    from rynn_jax.serving.clip import episode_key, rollout
+    from rynn_jax.serving.student import StudentSpec, write_spec
 
     from flax import nnx
 
@@ -343,7 +351,7 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     spec = StudentSpec(causal=CausalConfig(frames_per_block=2, window_frames=3), steps=StepConfig(num_steps=2),
                        chunk_frames=4, resolution=(H, W))
     for d, model in (("student", dit), ("vae", vae)):
-        checkpoints.save_params(tmp_path / d, nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)
+        converted_weights.save_params(tmp_path / d, nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)
     write_spec(tmp_path / "student", spec)
     frames, chunk = 21, 8
     s = _run(["--model", "student", "--dit", str(tmp_path / "student"), "--vae", str(tmp_path / "vae"),
@@ -351,13 +359,13 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
               "--no-fvd", "--chunk-frames", str(chunk), "--seed", "2"])
     assert set(s["variants"]) == {"model", "model_swapped", "copy_first_frame", "shifted"}
 
-    session = demo.serving_session(load_dit(tmp_path / "student"), load_vae(tmp_path / "vae"), spec=spec)
+    session = serving_session(load_dit(tmp_path / "student"), load_vae(tmp_path / "vae"), spec=spec)
     assert session.chunk_frames == 4 and session.ccfg == spec.causal
     oracle = []
     for name in episodes.list_episodes(sim_root):
         truth = episodes.load_truth(sim_root, name, frames, H, W)
-        keys = generate_lib.episode_key(2, name)[None]
-        video = generate_lib.rollout(session, truth.frames[:1], truth.skeleton[None], np.zeros(
+        keys = episode_key(2, name)[None]
+        video = rollout(session, truth.frames[:1], truth.skeleton[None], np.zeros(
             (1, dit.cfg.text_len, dit.cfg.text_dim), np.float32), keys)[0]
         assert session.chunks == 1  # re-anchored once within the episode
         rec = json.loads((tmp_path / "eval" / "episodes" / f"{name}.json".replace("/", "__")).read_text())
@@ -370,7 +378,17 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     np.testing.assert_allclose([r["mean"] for r in got], np.mean(oracle, axis=0), rtol=1e-4)
     np.testing.assert_allclose([r["std"] for r in got], np.std(oracle, axis=0), rtol=1e-3, atol=1e-4)
     report = (tmp_path / "eval" / "report.md").read_text()
-    assert "## PSNR per chunk (drift)" in report and (tmp_path / "eval" / "psnr_per_chunk.png").stat().st_size > 0
+    assert "## PSNR per chunk (drift)" in report
+    _assert_picture(tmp_path / "eval" / "psnr_per_chunk.png")
+
+
+def _assert_picture(path: Path) -> None:
+    """`path` decodes to a picture with something drawn on it (not one flat colour)."""
+    import imageio.v3 as iio
+
+    img = np.asarray(iio.imread(path))
+    assert img.ndim == 3 and img.shape[-1] in (3, 4) and min(img.shape[:2]) >= 100, (path, img.shape)
+    assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 10, path
 
 
 def test_eval_cli_errors(sim_root, tmp_path):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rynn_jax.weights import flatten_params
 from rynn_jax.models import dit
-from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
 from rynn_jax.models import fp8_linear
+from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
 from rynn_jax.models.fp8 import calibrate, fp8_matmul, quantize_dit, quantize_weight
+from rynn_jax.weights import flatten_params
 
 E4M3 = ml_dtypes.float8_e4m3fn
 # Compiling-bound tests (tiny models, eager ops): XLA's cheapest compile (tests/conftest.py).
@@ -327,7 +327,8 @@ def test_streaming_session_serves_a_quantized_dit():
 
     from rynn_jax.models import causal
     from rynn_jax.models.vae import WanVAEConfig, init_vae
-    from rynn_jax.teleop import streaming
+    from rynn_jax.serving.block_step import StepConfig
+    from rynn_jax.serving.session import StreamingSession
 
     cfg = WanDiTConfig.tiny(control="add-plus", in_channels=4, out_channels=4, control_channels=4)
     dit_f = init_dit(cfg, 2)
@@ -344,8 +345,8 @@ def test_streaming_session_serves_a_quantized_dit():
     static = calibrate(quantize_dit(dit_f), lambda m, b: m(*b), batches, progress=False)
     frames = []
     for dit_model in (dit_f, quantize_dit(dit_f), static):
-        session = streaming.StreamingSession(dit_model, vae, causal.CausalConfig(frames_per_block=2, window_frames=3),
-                                             streaming.StepConfig(num_steps=2), chunk_frames=4)
+        session = StreamingSession(dit_model, vae, causal.CausalConfig(frames_per_block=2, window_frames=3),
+                                             StepConfig(num_steps=2), chunk_frames=4)
         session.start(image, ctx, jax.random.key(0))
         frames.append(np.asarray(session.step(skeleton)))
     assert session.dit_cfg.fp8_activations == "static" and dataclasses.is_dataclass(session.dit_cfg)

@@ -15,14 +15,17 @@ import pytest
 from safetensors.numpy import save_file
 
 from rynn_jax.data import robot as robot_data
-from rynn_jax.errors import UsageError
 from rynn_jax.data.clips import ClipConfig, ClipRef
+from rynn_jax.errors import UsageError
 from rynn_jax.kinematics import streams
-from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render.preview import save_png
+from rynn_jax.serving.assemble import streaming_session
+from rynn_jax.serving.clip import rollout
 from rynn_jax.teleop import generate as gen
-from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene, streaming_session
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.demo import reference_scene
+from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
 
 H, W, FRAMES = 96, 160, 13  # the tiny student: a 5-frame first block, then 8-frame blocks → 13
 
@@ -164,7 +167,7 @@ def test_each_stream_gets_its_prompts_text_context(tmp_path, monkeypatch):
     emb = np.random.default_rng(0).normal(size=(3, 24)).astype(np.float32)  # the tiny DiT: text_dim 24, len 16
     save_file({"context": emb}, str(emb_dir / (hashlib.sha256(prompts["p"].encode()).hexdigest() + ".safetensors")))
     seen = []
-    real = gen.rollout
+    real = rollout
     monkeypatch.setattr(gen, "rollout", lambda s, img, skel, ctx, key: (seen.append(np.asarray(ctx)),
                                                                        real(s, img, skel, ctx, key))[1])
     out = tmp_path / "out"

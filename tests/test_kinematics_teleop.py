@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rynn_jax.kinematics import cli, fk, hand_retarget, layout, mjcf_model, retarget, se3, streams, tracker
+from rynn_jax.kinematics.retarget import retarget_stream
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +190,9 @@ def test_bundled_stream_retargets_without_jumps():
     joints by ≤ 0.09 rad per frame (curl rate × flexion) and moves the wrists ≤ 1 cm per frame;
     0.25 rad per frame (4 rad/s) leaves room for that, not for a flip of a redundant arm
     posture, a finger joint-3/4 branch switch, or the glide from the open start hand."""
-    from rynn_jax.teleop import demo
+    from rynn_jax.teleop.inputs import SAMPLE_DIR, STREAM_FILE
 
-    out = cli.retarget_stream(streams.read(demo.SAMPLE_DIR / demo.STREAM_FILE), hz=16)
+    out = retarget_stream(streams.read(SAMPLE_DIR / STREAM_FILE), hz=16)
     actions = out["actions"]
     assert actions.shape == (81, 54)
     jump = np.abs(np.diff(actions, axis=0)).max(axis=0)

@@ -2,7 +2,7 @@
 
 Oracles: a live session's joint commands are `retarget_stream` of the same frames recorded as a
 file (the offline path), its skeleton frames `render_video` of `hands_in_camera` (what `serve.py
-generate` renders), its generated frames the offline `generate.rollout` of those skeleton frames
+generate` renders), its generated frames the offline `serving.clip.rollout` of those skeleton frames
 through the same session with the same keys; a recording reads back through `RobotSource`. A sim
 session's reference view and MuJoCo replay frames are a sim episode's own (`render_frames` of the
 settled scene, of `simulate` through the same commands). One server (tiny random model, 2 slots)
@@ -28,17 +28,18 @@ from rynn_jax.data import robot as robot_data
 from rynn_jax.data.clips import ClipConfig, ClipRef
 from rynn_jax.errors import UsageError
 from rynn_jax.kinematics import retarget, streams
-from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.live import protocol, sim_start
 from rynn_jax.live.client import LiveClient
 from rynn_jax.live.operator import Kinematics, stream_of
 from rynn_jax.live.server import LiveConfig, LiveServer, ServerThread, serve
 from rynn_jax.live.world import LiveWorld, slot_keys
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
+from rynn_jax.serving.assemble import streaming_session
+from rynn_jax.serving.clip import fit_image, rollout
+from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.sim import episode, scenes
-from rynn_jax.teleop.demo import streaming_session
-from rynn_jax.teleop.generate import fit_image, rollout, text_contexts
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 from tests._browser import needs_chromium, page_shots
 
 H, W = 64, 96

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rynn_jax import checkpoints, sharding
+from rynn_jax import converted_weights, sharding
 from rynn_jax import data as data_lib
 from rynn_jax.models.dit import WanDiTConfig, abstract_dit, init_dit
 from rynn_jax.training import config as config_lib
@@ -101,7 +101,7 @@ def test_load_base_weights_into_lora_state(tmp_path):
     plain_cfg = WanDiTConfig.tiny()
     plain = init_dit(plain_cfg, seed=5)
     base_params = nnx.to_pure_dict(nnx.state(plain, nnx.Param))
-    checkpoints.save_params(tmp_path / "base", base_params, plain_cfg)
+    converted_weights.save_params(tmp_path / "base", base_params, plain_cfg)
     cfg = _tiny_lora_cfg()
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
@@ -117,7 +117,7 @@ def test_load_base_weights_into_lora_state(tmp_path):
     # A trained add-plus model (the next stage's start) brings its running statistics along.
     ctrl = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                         nnx.to_pure_dict(nnx.state(abstract_dit(cfg.model), nnx.Param)))
-    checkpoints.save_params(tmp_path / "stage1", ctrl, cfg.model)
+    converted_weights.save_params(tmp_path / "stage1", ctrl, cfg.model)
     stats = {"control": {"mean": [0.5] * 8, "std": [2.0] * 8, "count": 7, "momentum": 0.01}}
     (tmp_path / "stage1" / "control_stats.json").write_text(json.dumps(stats))
     state = state_lib.load_base_weights(state, str(tmp_path / "stage1"), sh)
@@ -127,6 +127,6 @@ def test_load_base_weights_into_lora_state(tmp_path):
     wide_cfg = dataclasses.replace(plain_cfg, ffn_dim=64)
     wide = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                         nnx.to_pure_dict(nnx.state(abstract_dit(wide_cfg), nnx.Param)))
-    checkpoints.save_params(tmp_path / "wide", wide, wide_cfg)
+    converted_weights.save_params(tmp_path / "wide", wide, wide_cfg)
     with pytest.raises(ValueError, match="shaped unlike"):
         state_lib.load_base_weights(state, str(tmp_path / "wide"), sh)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rynn_jax.kinematics import cli, layout, mjcf_model, replay, streams
-from rynn_jax.teleop.session import synthetic_stream
+from rynn_jax.teleop.camera_hands import synthetic_stream
 
 
 def test_replay_follows_the_actions():

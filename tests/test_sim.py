@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from rynn_jax.data import clips
-from rynn_jax.data.robot import RobotSource
-from rynn_jax.sim import episode, export, scenes
+from rynn_jax.data.robot import RobotSource, read_ground_truth
+from rynn_jax.sim import episode, robot_shards, scenes
+from rynn_jax.sim.resolutions import RESOLUTIONS
 
 N_PER_TASK = 5
 
@@ -60,7 +61,7 @@ def test_deterministic_per_seed(rendered):
 
 
 def test_episode_shapes_and_skeleton(rendered):
-    T, (H, W) = episode.DEFAULT_FRAMES, episode.RESOLUTIONS["tiny"]
+    T, (H, W) = episode.DEFAULT_FRAMES, RESOLUTIONS["tiny"]
     ep = rendered
     assert ep.success, ep.failures
     assert ep.rgb.shape == (T, H, W, 3) and ep.depth.shape == (T, H, W) and ep.flow.shape == (T - 1, H, W, 2)
@@ -157,8 +158,8 @@ def test_shard_reads_back_through_robot_pipeline(rendered, tmp_path):
     from rynn_jax.data.pipeline import LoaderConfig, pixel_dataset
 
     ep = rendered
-    d = export.write_episode(ep, export.episode_dir(tmp_path, ep.task, 7))
-    export.write_action_stats(tmp_path)
+    d = robot_shards.write_episode(ep, robot_shards.episode_dir(tmp_path, ep.task, 7))
+    robot_shards.write_action_stats(tmp_path)
     H, W = ep.rgb.shape[1:3]
     cfg = clips.ClipConfig(num_frames=33, height=H, width=W)
     src = RobotSource(tmp_path, cfg, strict=True, action_norm="meanstd")
@@ -178,7 +179,7 @@ def test_shard_reads_back_through_robot_pipeline(rendered, tmp_path):
     batch = next(iter(pixel_dataset(raw, LoaderConfig(batch_size=1, num_epochs=1, read_threads=1, read_buffer=1))))
     assert batch["actions"].shape == (1, 33, 54) and batch["video"].shape == (1, 33, H, W, 3)
     assert any(np.array_equal(batch["actions"][0], ep.actions[r.start:r.start + 33]) for r in refs)
-    gt = export.read_ground_truth(d)
+    gt = read_ground_truth(d)
     np.testing.assert_allclose(gt["depth"], ep.depth, atol=6e-4)
     np.testing.assert_allclose(gt["flow"], ep.flow, atol=0.02, rtol=2e-3)
     np.testing.assert_array_equal(gt["labels"], ep.segmentation)
@@ -188,7 +189,7 @@ def test_shard_reads_back_through_robot_pipeline(rendered, tmp_path):
 
 def test_cli_generate_interleaves_tasks(tmp_path, monkeypatch):
     """Attempts go to the task furthest behind, so a generation stopped early is balanced."""
-    from rynn_jax.sim import cli, export
+    from rynn_jax.sim import cli, robot_shards
 
     order = []
 
@@ -199,7 +200,7 @@ def test_cli_generate_interleaves_tasks(tmp_path, monkeypatch):
                 "failures": [], "seconds": 0.0, "timings_s": {}}
 
     monkeypatch.setattr(cli, "run_attempt", fake_attempt)
-    monkeypatch.setattr(export, "write_action_stats", lambda root: {"episodes": 0})
+    monkeypatch.setattr(robot_shards, "write_action_stats", lambda root: {"episodes": 0})
     s = cli.generate(["a", "b", "c"], 2, str(tmp_path / "sim"), workers=0, progress=False)
     # b fails its even attempts: it gets the next turn until it catches up, never a whole task at once.
     assert order == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("a", 1), ("c", 1), ("b", 2), ("b", 3)]

@@ -15,11 +15,11 @@ from flax import nnx
 from rynn_jax import step_export
 from rynn_jax.models import causal
 from rynn_jax.models.dit import WanDiTConfig, init_dit
-from rynn_jax.teleop import streaming
+from rynn_jax.serving.block_step import StepConfig, make_start, make_step
 
 CFG = WanDiTConfig.tiny(control="add-plus", num_layers=1)
 CCFG = causal.CausalConfig(frames_per_block=2, window_frames=3, policy="rolling")
-SCFG = streaming.StepConfig(num_steps=2)
+SCFG = StepConfig(num_steps=2)
 B, HW = 2, (2, 4)
 
 
@@ -36,8 +36,8 @@ def test_aot_compile_prints_memory(capsys):
     model = init_dit(CFG, seed=0)
     graphdef, params = nnx.split(model)
     ref, ctx, controls, keys = _inputs()
-    state = jax.eval_shape(streaming.make_start(graphdef, CCFG), params, ref, ctx)
-    compiled = step_export.compile_aot(streaming.make_step(graphdef, CCFG, SCFG), params, state, controls[0], keys[0],
+    state = jax.eval_shape(make_start(graphdef, CCFG), params, ref, ctx)
+    compiled = step_export.compile_aot(make_step(graphdef, CCFG, SCFG), params, state, controls[0], keys[0],
                                   donate_argnums=(1,))
     assert "[step]" in capsys.readouterr().out
     x_info, state_info = compiled.out_info  # the step's (latents block, state), as the jitted step gives
@@ -56,8 +56,8 @@ def test_export_roundtrip_in_fresh_process(tmp_path):
 
     # In process: the jitted functions of the same model.
     graphdef, params = nnx.split(model)
-    start = jax.jit(streaming.make_start(graphdef, CCFG))
-    step = jax.jit(streaming.make_step(graphdef, CCFG, SCFG), donate_argnums=1)
+    start = jax.jit(make_start(graphdef, CCFG))
+    step = jax.jit(make_step(graphdef, CCFG, SCFG), donate_argnums=1)
     state = start(params, ref, ctx)
     ours = []
     for c, k in zip(controls, keys):
@@ -90,7 +90,7 @@ def test_export_refuses_the_merged_clean_pass(tmp_path):
     import pytest
 
     with pytest.raises(ValueError, match="StreamingSession-only"):
-        step_export.export_causal_step(init_dit(CFG, 0), CCFG, streaming.StepConfig(merge_clean_pass=True), tmp_path,
+        step_export.export_causal_step(init_dit(CFG, 0), CCFG, StepConfig(merge_clean_pass=True), tmp_path,
                                   batch=B, latent_hw=HW)
     assert not any(tmp_path.iterdir())  # nothing half-written
 

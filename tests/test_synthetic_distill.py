@@ -1,7 +1,7 @@
 """The synthetic world's distillation recipe end to end at toy size (configs/synthetic_distill_tiny.py,
 the real recipe's causal layout and schedules with tiny widths): an exported teacher → phase A on
 pre-encoded latent shards → phase B from phase A's checkpoint → `rynn_jax.distill.export` →
-the serving loader (the bundled-weights lookup of `demo.streaming_session`) streams the same
+the serving loader (the bundled-weights lookup of `streaming_session`) streams the same
 frames as the student held in memory at the end of training."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from flax import nnx
 
 import distill as distill_cli
 from configs import synthetic
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.data import shards as shards_lib
 from rynn_jax.distill import config as config_lib
 from rynn_jax.distill import export as export_lib
@@ -26,7 +26,9 @@ from rynn_jax.errors import UserError
 from rynn_jax.models import control
 from rynn_jax.models.dit import init_dit, unrolled
 from rynn_jax.models.vae import WanVAEConfig, init_vae
-from rynn_jax.teleop import demo, student as student_lib
+from rynn_jax.serving.assemble import choose_weights, streaming_session
+from rynn_jax.serving.student import SPEC_FILE, WEIGHTS_ENV, read_spec
+from rynn_jax.teleop import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "synthetic_distill_tiny.py")
@@ -75,7 +77,7 @@ def recipe(tmp_path_factory):
         teacher = init_dit(cfg_a.model, seed=3)
         pure = nnx.to_pure_dict(nnx.state(teacher, nnx.Param))
         model_cfg = dataclasses.replace(cfg_a.model, param_dtype="float32")
-        checkpoints.save_params(work / "teacher", pure, model_cfg)
+        converted_weights.save_params(work / "teacher", pure, model_cfg)
         control.write_stats(work / "teacher" / control.STATS_FILE, control.stats_of(teacher), model_cfg)
 
         rec_a = distill_cli.distill(cfg_a)
@@ -88,7 +90,7 @@ def recipe(tmp_path_factory):
         weights = work / "weights"
         step = export_lib.export_student(cfg_b, str(weights / "student"), resolution=(32, 64))
         vae = init_vae(WanVAEConfig.tiny(z_dim=C, latents_mean=(0.0,) * C, latents_std=(1.0,) * C), seed=1)
-        checkpoints.save_params(weights / "autoencoder", nnx.to_pure_dict(nnx.state(vae, nnx.Param)), vae.cfg)
+        converted_weights.save_params(weights / "autoencoder", nnx.to_pure_dict(nnx.state(vae, nnx.Param)), vae.cfg)
         yield dict(work=work, cfg_a=cfg_a, cfg_b=cfg_b, rec_a=rec_a, rec_b=rec_b, final=final, step=step,
                    weights=weights, vae=vae, teacher=pure)
     finally:
@@ -98,7 +100,7 @@ def recipe(tmp_path_factory):
 def test_recipe_is_the_serving_layout():
     """Both phases train the student StreamingSession serves by default, on the teacher's data."""
     from rynn_jax.models.causal import CausalConfig
-    from rynn_jax.teleop.streaming import SERVING_STEPS
+    from rynn_jax.serving.block_step import SERVING_STEPS
 
     for phase in ("warmup", "dmd"):
         cfg = config_lib.load_config(os.path.join(ROOT, "configs", f"synthetic_distill.py:{phase}"))
@@ -125,7 +127,7 @@ def test_phase_b_trains_generator_and_critic(recipe):
 
 
 def test_export_is_the_trained_ema_student(recipe):
-    saved = checkpoints.restore_params(recipe["weights"] / "student",
+    saved = converted_weights.restore_params(recipe["weights"] / "student",
                                        jax.tree.map(lambda a: a, recipe["teacher"]))
     ema = nnx.to_pure_dict(recipe["final"]["ema"])
     assert recipe["step"] == recipe["final"]["step"] == recipe["cfg_b"].total_steps
@@ -134,9 +136,9 @@ def test_export_is_the_trained_ema_student(recipe):
     moved = max(float(np.abs(np.asarray(a) - np.asarray(t)).max())
                 for a, t in zip(jax.tree.leaves(saved), jax.tree.leaves(recipe["teacher"])))
     assert moved > 1e-3, moved  # distillation changed the teacher's weights
-    spec = student_lib.read_spec(recipe["weights"] / "student")
+    spec = read_spec(recipe["weights"] / "student")
     assert spec == export_lib.spec_of(recipe["cfg_b"], (32, 64)) and spec.chunk_frames == 21
-    assert json.loads((recipe["weights"] / "student" / student_lib.SPEC_FILE).read_text())["resolution"] == [32, 64]
+    assert json.loads((recipe["weights"] / "student" / SPEC_FILE).read_text())["resolution"] == [32, 64]
 
 
 def test_bundled_student_streams_as_the_in_memory_one(recipe, monkeypatch, capsys):
@@ -144,10 +146,10 @@ def test_bundled_student_streams_as_the_in_memory_one(recipe, monkeypatch, capsy
     student of the last training step, held in memory, does: the session's layout is the recipe's,
     and its executables given the in-memory weights (`dit_params`, as a session of that model
     holds them) give the same frames."""
-    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(recipe["weights"]))
-    chosen = demo.choose_weights(None, None)
+    monkeypatch.setenv(WEIGHTS_ENV, str(recipe["weights"]))
+    chosen = choose_weights(None, None)
     assert chosen.label == "bundled student" and chosen.resolution((96, 160)) == (32, 64)
-    served = demo.streaming_session(None, None, 0)
+    served = streaming_session(None, None, 0)
     assert capsys.readouterr().err == ""  # no "no bundled weights" line
     cfg = recipe["cfg_b"]
     assert (served.ccfg, served.chunk_frames, served.merge_clean_pass) == (cfg.causal, 21, True)
@@ -174,15 +176,15 @@ def test_bundled_student_streams_as_the_in_memory_one(recipe, monkeypatch, capsy
 
 
 def test_missing_bundled_weights_say_so_in_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(tmp_path))
-    chosen = demo.choose_weights(None, None)
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path))
+    chosen = choose_weights(None, None)
     err = capsys.readouterr().err.strip().splitlines()
     assert chosen.dit is None and chosen.spec is None and chosen.resolution((96, 160)) == (96, 160)
     assert len(err) == 1 and "no bundled weights" in err[0] and "tiny random" in err[0] and str(tmp_path) in err[0]
-    assert demo.choose_weights(None, None, random_weights=True).label == "tiny random (--random-weights)"
+    assert choose_weights(None, None, random_weights=True).label == "tiny random (--random-weights)"
     assert capsys.readouterr().err == ""  # asked for: no message
     with pytest.raises(UserError, match="--random-weights"):
-        demo.choose_weights("a", "b", random_weights=True)
+        choose_weights("a", "b", random_weights=True)
 
 
 def test_export_errors_are_one_line(tmp_path):
@@ -196,7 +198,7 @@ def test_demos_default_to_the_bundled_student(recipe, tmp_path, monkeypatch):
     student at its training size; the sim summary's PSNR is scikit-image's on the written frames."""
     from skimage.metrics import peak_signal_noise_ratio
 
-    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(recipe["weights"]))
+    monkeypatch.setenv(WEIGHTS_ENV, str(recipe["weights"]))
     s = demo.run_sim(tmp_path / "sim", task="push_block", num_frames=21, episode_frames=21)
     assert s["weights"] == "bundled student" and s["resolution"] == [32, 64] and s["frames"] == 21
     with np.load(tmp_path / "sim" / "episode.npz") as z:

@@ -16,9 +16,11 @@ from rynn_jax.models.dit import WanDiTConfig, init_dit
 from rynn_jax.models.vae import WanVAEConfig, init_vae
 from rynn_jax.render import synthetic_hand_motion
 from rynn_jax.render.preview import save_png
+from rynn_jax.serving.assemble import build_modules
+from rynn_jax.serving.bidirectional import SamplingConfig, WorldModel
 from rynn_jax.teleop import demo
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
-from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
 
 # Compiling-bound tests (tiny models): XLA's cheapest compile (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -72,22 +74,41 @@ def test_generate_is_deterministic_and_shaped(world_model):
 
 def test_fp8_world_model_close_to_float_and_compiled_with_fp8_options(monkeypatch):
     """`serve.py demo --fp8`: the quantized DiT generates frames close to the float model's, and its
-    sampler is the program compiled with the FP8 XLA options (forced here: on CPU they are off)."""
+    sampler is the program compiled with the FP8 XLA options (forced here: on CPU they are off): the
+    float model runs `_sample`, the FP8 model `_sample_fp8`, compiled for it (JAX's public compile
+    events)."""
     from rynn_jax.models import fp8
-    from rynn_jax.teleop import world_model as wm
+    from rynn_jax.serving import bidirectional
 
-    dit8, vae = demo.build_modules(None, None, 0, fp8=True)
+    dit8, vae = build_modules(None, None, 0, fp8=True)
     assert dit8.cfg.fp8
     monkeypatch.setattr(fp8, "compiler_options", lambda cfg: fp8.FP8_COMPILER_OPTIONS if cfg.fp8 else None)
-    before = wm._sample_fp8._cache_size()
+    assert bidirectional._sample_fp8 is not bidirectional._sample
+    ran: list[str] = []
+    for name in ("_sample", "_sample_fp8"):
+        program = getattr(bidirectional, name)
+        monkeypatch.setattr(bidirectional, name, lambda *a, _p=program, _n=name: (ran.append(_n), _p(*a))[1])
+    compiled: list[str] = []
+
+    def listener(event: str, duration: float, fun_name: str = "?", **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(fun_name)
+
     rng = np.random.default_rng(0)
     ref = rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)
     skel = rng.integers(0, 255, (5, 32, 64, 3), dtype=np.uint8)
     ctx = np.zeros((16, 24), np.float32)
     sampling = SamplingConfig(num_steps=2)
-    dit_f, _ = demo.build_modules(None, None, 0)
-    frames = [WorldModel(d, vae).generate(jax.random.key(0), ref, skel, ctx, sampling) for d in (dit_f, dit8)]
-    assert wm._sample_fp8._cache_size() == before + 1  # the FP8 model ran the FP8-options program
+    dit_f, _ = build_modules(None, None, 0)
+    frames = [WorldModel(dit_f, vae).generate(jax.random.key(0), ref, skel, ctx, sampling)]
+    assert ran == ["_sample"]
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        frames.append(WorldModel(dit8, vae).generate(jax.random.key(0), ref, skel, ctx, sampling))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert ran == ["_sample", "_sample_fp8"]  # the FP8 model ran the FP8-options program...
+    assert compiled == ["jit(_sample_impl)"], compiled  # ...compiled for it (encode/decode: already)
     diff = np.abs(frames[0].astype(int) - frames[1].astype(int))
     assert frames[1].shape == (5, 32, 64, 3) and 0 < diff.max() and diff.mean() < 1.0, (diff.mean(), diff.max())
 
@@ -100,8 +121,8 @@ def test_world_model_rejects_uncontrolled_dit():
 def test_demo_end_to_end_small(tmp_path):
     sample = tmp_path / "sample"
     sample.mkdir()
-    streams.write(sample / demo.STREAM_FILE, synthetic_stream(9))
-    save_png(sample / demo.IMAGE_FILE, demo.reference_scene(32, 64))
+    streams.write(sample / STREAM_FILE, synthetic_stream(9))
+    save_png(sample / IMAGE_FILE, demo.reference_scene(32, 64))
     summary = demo.run(tmp_path / "out", num_frames=5, steps=2, sample_dir=sample)
     episode = np.load(tmp_path / "out" / "episode.npz")
     assert episode["frames"].shape == (5, 32, 64, 3)

@@ -218,7 +218,7 @@ def test_encode_prompts_writes_what_generate_and_preencode_read(checkpoints, tmp
     import serve
     from rynn_jax.data.preencode import TextEmbeddingStore
     from rynn_jax.kinematics import streams
-    from rynn_jax.teleop.session import synthetic_stream
+    from rynn_jax.teleop.camera_hands import synthetic_stream
 
     root, _, models = checkpoints
     _, _, pth = models["odd"]
@@ -278,9 +278,11 @@ class _EchoWorldModel:
 def test_generate_encodes_a_prompt_string_with_no_precomputed_file(checkpoints, tmp_path):
     from rynn_jax.kinematics import streams
     from rynn_jax.render.preview import save_png
+    from rynn_jax.serving.prompts import text_contexts
     from rynn_jax.teleop import generate as gen
-    from rynn_jax.teleop.demo import IMAGE_FILE, STREAM_FILE, reference_scene
-    from rynn_jax.teleop.session import synthetic_stream
+    from rynn_jax.teleop.camera_hands import synthetic_stream
+    from rynn_jax.teleop.demo import reference_scene
+    from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE
 
     root, tok_dir, models = checkpoints
     ref, _, pth = models["odd"]  # width 24 = the tiny DiT's text_dim
@@ -303,7 +305,7 @@ def test_generate_encodes_a_prompt_string_with_no_precomputed_file(checkpoints, 
     assert not ctx[0, n:].any()  # the DiT's empty slots stay zero
     encoder = load_text_encoder(str(pth), max_len=16, dtype="float32")
     with pytest.raises(UsageError, match="--text-encoder: its embeddings are 24 wide, the DiT reads 32"):
-        gen.text_contexts(None, None, 16, 32, encoder)
+        text_contexts(None, None, 16, 32, encoder)
     with pytest.raises(UsageError, match="--text-encoder: encodes the prompts itself"):
         gen.generate(tmp_path / "streams", tmp_path / "out2", text_encoder=str(pth), text_embeddings=str(tmp_path))
 

@@ -225,13 +225,13 @@ def test_config_json_of_an_older_version_loads(tmp_path):
     conv_fp8_scales field at the old default) loads; a kernel config cannot be stored as JSON."""
     import json
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
 
     raw = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(CFG).items() if k != "kernel_conv"}
-    (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "per_call"}))
-    assert checkpoints.load_config(tmp_path, V.WanVAEConfig) == CFG
-    (tmp_path / checkpoints.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "static"}))
+    (tmp_path / converted_weights.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "per_call"}))
+    assert converted_weights.load_config(tmp_path, V.WanVAEConfig) == CFG
+    (tmp_path / converted_weights.CONFIG_FILE).write_text(json.dumps({**raw, "conv_fp8_scales": "static"}))
     with pytest.raises(ValueError, match="does not know"):
-        checkpoints.load_config(tmp_path, V.WanVAEConfig)
+        converted_weights.load_config(tmp_path, V.WanVAEConfig)
     with pytest.raises(ValueError, match="kernel_conv must be an injected conv"):
         V.WanVAEConfig.tiny(kernel_conv={"impl": "kernel_fp8"})

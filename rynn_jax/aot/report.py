@@ -42,7 +42,7 @@ def _programs(cfg, name: str, mesh, plan: Plan) -> list[programs.Program]:
 
 def _serving_defaults():
     from rynn_jax.models.causal import CausalConfig
-    from rynn_jax.teleop.streaming import StepConfig
+    from rynn_jax.serving.block_step import StepConfig
 
     return CausalConfig(), StepConfig()
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE
+
 DEPTH_MAX_M = 5.0  # the released clip range of metric depth
 FLOW_MAX_PX = 32.0  # our fixed flow normalisation (episode pixels): |f| ≥ this is full saturation
 
@@ -117,14 +119,12 @@ def clipped_fraction(flow: np.ndarray, max_px: float = FLOW_MAX_PX) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# Synthetic episodes (rynn_jax.sim.export layout: depth.npz, flow.npz)
+# Synthetic episodes (the robot layout's exact depth / flow files, data/robot.py)
 # --------------------------------------------------------------------------------------------------
 
 
 def episode_depth_video(episode_dir: str | os.PathLike[str]) -> np.ndarray:
     """The episode's exact depth as the RGB video the 4D model learns: (T, H, W, 3) uint8."""
-    from rynn_jax.sim.export import DEPTH_FILE
-
     path = Path(episode_dir) / DEPTH_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no depth render in this episode (rynn_jax.sim writes {DEPTH_FILE})")
@@ -135,8 +135,6 @@ def episode_depth_video(episode_dir: str | os.PathLike[str]) -> np.ndarray:
 def episode_flow_video(episode_dir: str | os.PathLike[str], max_px: float = FLOW_MAX_PX) -> np.ndarray:
     """The episode's exact forward flow as the RGB video the 4D model learns: (T, H, W, 3) uint8,
     frame 0 white, frame t the flow t − 1 → t."""
-    from rynn_jax.sim.export import FLOW_FILE
-
     path = Path(episode_dir) / FLOW_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no flow render in this episode (rynn_jax.sim writes {FLOW_FILE})")

@@ -203,16 +203,16 @@ def vae_encoder(vae: str) -> VideoEncoder:
     import jax
     from flax import nnx
 
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.models import vae as vae_lib
     from rynn_jax.models import vae_weights
 
     if vae == "tiny":
         model = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny())
-    elif checkpoints.is_converted_dir(vae):
-        vcfg = checkpoints.load_config(vae, vae_lib.WanVAEConfig)
+    elif converted_weights.is_converted_dir(vae):
+        vcfg = converted_weights.load_config(vae, vae_lib.WanVAEConfig)
         model = vae_lib.vae_from_params(
-            vcfg, checkpoints.restore_params(vae, vae_weights.abstract_params(vcfg)))
+            vcfg, converted_weights.restore_params(vae, vae_weights.abstract_params(vcfg)))
     else:
         model = vae_weights.load_vae(vae)
     graphdef, params = nnx.split(model)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,8 @@ SKELETON_FILE = "hand_skeleton.npz"
 STATS_FILE = "action_stats.json"
 ACTION_COLUMN = "action"
 STATE_COLUMN = "observation.state"
+# Exact ground truth of a synthetic episode (rynn_jax.sim.robot_shards writes them; docs/sim.md)
+DEPTH_FILE, FLOW_FILE, SEG_FILE = "depth.npz", "flow.npz", "segmentation.npz"
 
 
 def read_vectors(path: str, column: str, width: int) -> np.ndarray:
@@ -198,3 +201,20 @@ class RobotSource(ClipSource):
         return {"video": frames, **out, "actions": self.normalize(actions).astype(np.float32),
                 "has_actions": np.asarray(True), "frame_index": idx,
                 "text": clips_lib.text_array(meta["text"])}
+
+
+def read_ground_truth(directory: str | os.PathLike, missing_ok: bool = False) -> dict[str, np.ndarray]:
+    """Depth (metres, float32), flow (float32), segmentation labels and names of an exported episode.
+    `missing_ok`: leave out the kinds whose file is absent (a copy without depth/flow) instead of raising."""
+    d = Path(directory)
+    gt: dict[str, np.ndarray] = {}
+    if not missing_ok or (d / DEPTH_FILE).exists():
+        with np.load(d / DEPTH_FILE) as z:
+            gt["depth"] = z["depth_mm"].astype(np.float32) / 1000.0
+    if not missing_ok or (d / FLOW_FILE).exists():
+        with np.load(d / FLOW_FILE) as z:
+            gt["flow"] = z["flow"].astype(np.float32)
+    if not missing_ok or (d / SEG_FILE).exists():
+        with np.load(d / SEG_FILE) as z:
+            gt["labels"], gt["names"] = z["labels"], [str(n) for n in z["names"]]
+    return gt

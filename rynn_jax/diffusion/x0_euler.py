@@ -1,6 +1,6 @@
 """The causal student's few-step sampler, x0-Euler (Self-Forcing style), in one place: the rollout
 the student is trained through (`distill.rollout`) and the step it is served through
-(`teleop.streaming`) both run these functions, so the two cannot drift apart.
+(`serving.block_step`) both run these functions, so the two cannot drift apart.
 
 Per block of F latent frames, with the block's key k (the session's key folded with the block's
 index, `fold_in`):

@@ -10,8 +10,8 @@ from typing import Literal
 
 from rynn_jax.models.causal import CausalConfig
 from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.serving.block_step import StepConfig
 from rynn_jax.sharding import MeshConfig
-from rynn_jax.teleop.streaming import StepConfig
 from rynn_jax.training.config import (
     CheckpointConfig,
     DataConfig,

@@ -6,7 +6,7 @@
 Takes the newest readable step of the run at `ckpt.dir` (phase A or B), the EMA student (unless
 `--raw` or the run kept none), and writes a converted-weights directory (`load_dit`'s layout, the
 control statistics beside it, as `training.export_weights` writes the teacher) plus the serving
-spec `student.json` (`teleop.student.StudentSpec`): the recipe's cache blocks and length, its
+spec `student.json` (`serving.student.StudentSpec`): the recipe's cache blocks and length, its
 step schedule, and a chunk length of the full cache (re-anchored every `1 + window_frames` latent
 frames, the clips it was distilled on).
 """
@@ -23,10 +23,10 @@ from flax import nnx
 from rynn_jax import errors, sharding
 from rynn_jax.distill import config as config_lib
 from rynn_jax.distill import state as state_lib
-from rynn_jax.teleop.student import StudentSpec, write_spec
+from rynn_jax.serving.student import StudentSpec, write_spec
 from rynn_jax.training import checkpointing, preflight
-from rynn_jax.training.export_weights import write_dit_dir
 from rynn_jax.training.config import apply_overrides
+from rynn_jax.training.export_weights import write_dit_dir
 
 
 def spec_of(cfg: config_lib.DistillConfig, resolution: tuple[int, int] | None = None) -> StudentSpec:
@@ -58,15 +58,13 @@ def export_student(cfg: config_lib.DistillConfig, out_dir: str, *, use_ema: bool
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rynn_jax.teleop.demo import height_width
-
     p = errors.ArgumentParser(prog="python -m rynn_jax.distill.export", description=__doc__)
     p.add_argument("--config", required=True, help="the run's recipe (configs/…py[:phase])")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's overrides (repeatable)")
     p.add_argument("--out", required=True, help="student directory to write")
     p.add_argument("--raw", action="store_true", help="export the raw (not EMA) student")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="storage dtype")
-    p.add_argument("--resolution", type=height_width, default=None,
+    p.add_argument("--resolution", type=errors.height_width, default=None,
                    help="HxW of the video behind the training latents (serving's default size)")
     a = p.parse_args(argv)
     cfg = apply_overrides(config_lib.load_config(a.config), a.set)

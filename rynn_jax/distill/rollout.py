@@ -23,7 +23,7 @@ from flax import nnx
 from rynn_jax.diffusion import x0_euler
 from rynn_jax.distill.config import DMDConfig
 from rynn_jax.models import causal
-from rynn_jax.teleop.streaming import StepConfig, step_schedule
+from rynn_jax.serving.block_step import StepConfig, step_schedule
 
 sg = jax.lax.stop_gradient
 

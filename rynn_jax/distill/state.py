@@ -112,17 +112,17 @@ def create(cfg: DistillConfig, tx_s, tx_c, mesh: Mesh) -> tuple[nnx.GraphDef, nn
 
 def load_teacher(cfg: DistillConfig, teacher: nnx.State, state: DistillState, shardings
                  ) -> tuple[nnx.State, DistillState]:
-    """Teacher = converted weights at `ckpt.init_from` (rynn_jax.checkpoints layout), restored
+    """Teacher = converted weights at `ckpt.init_from` (rynn_jax.converted_weights layout), restored
     straight into their shardings; student, EMA and critic start as copies of it. The shared control
     statistics come from the directory's control_stats.json (add-plus)."""
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
 
     t_sh, s_sh = shardings
     pure = nnx.to_pure_dict(teacher)
-    restored = checkpoints.restore_params(cfg.ckpt.init_from, jax.tree.map(lambda a: a, pure),
+    restored = converted_weights.restore_params(cfg.ckpt.init_from, jax.tree.map(lambda a: a, pure),
                                           shardings=nnx.to_pure_dict(t_sh))
     nnx.replace_by_pure_dict(teacher, jax.tree.map(lambda r, a: r.astype(a.dtype), restored, pure))
-    saved = checkpoints.load_config(cfg.ckpt.init_from, WanDiTConfig)
+    saved = converted_weights.load_config(cfg.ckpt.init_from, WanDiTConfig)
     stats = control.load_stats_into(state.stats, cfg.ckpt.init_from, saved)
     return teacher, _start_from(dataclasses.replace(state, stats=stats), teacher, cfg, s_sh)
 
@@ -142,12 +142,12 @@ def _start_from(state: DistillState, weights: nnx.State, cfg: DistillConfig, sha
 def load_student(cfg: DistillConfig, state: DistillState, tx_s, tx_c, mesh: Mesh) -> DistillState:
     """Phase B's student (and its EMA) from the newest step of the phase-A run at `student_from`,
     or from exported student weights there (`rynn_jax.distill.export`: a later lease continues)."""
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
 
     _, s_sh = state_shardings(cfg, tx_s, tx_c, mesh)[1]
-    if checkpoints.is_converted_dir(cfg.student_from):
+    if converted_weights.is_converted_dir(cfg.student_from):
         pure = nnx.to_pure_dict(state.student)
-        weights = checkpoints.restore_params(cfg.student_from, jax.tree.map(lambda a: a, pure),
+        weights = converted_weights.restore_params(cfg.student_from, jax.tree.map(lambda a: a, pure),
                                              shardings=nnx.to_pure_dict(s_sh.student))
         student = jax.tree.map(lambda a: a, state.student)
         nnx.replace_by_pure_dict(student, weights)

@@ -5,7 +5,7 @@ episodes, or recorded robot shards. Frames and the skeleton come through the tra
 (`data.robot.RobotSource`: 16 fps timeline, resize + centre crop to the evaluation resolution,
 intrinsics cropped alike) and the control video is rendered as the pre-encoder renders it
 (`data.preencode.skeleton_renderer`), so a model sees the control it was trained on. The sim's
-extra ground truth (depth, flow, segmentation; `sim.export.read_ground_truth`) is mapped to the
+extra ground truth (depth, flow, segmentation; `data.robot.read_ground_truth`) is mapped to the
 same crop by nearest neighbour (flow vectors scaled with the pixels); episodes without it simply
 have no depth/flow/robot-region scores.
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rynn_jax.data import robot as robot_data
 from rynn_jax.data import video as video_lib
 from rynn_jax.data.clips import ClipConfig, ClipRef
 from rynn_jax.data.robot import VIDEO_FILE, RobotSource
-from rynn_jax.sim import export as sim_export
 
 
 @dataclasses.dataclass
@@ -70,7 +70,7 @@ def load_truth(root: str | os.PathLike, name: str, num_frames: int, height: int,
     skeleton = np.asarray(skeleton_renderer(height, width, cfg.fps)(sample), np.uint8)
     truth = Truth(name, np.asarray(sample["video"], np.uint8), skeleton, str(sample["text"]))
     d = Path(root) / name
-    gt = sim_export.read_ground_truth(d, missing_ok=True)  # each kind the episode has (copies may drop some)
+    gt = robot_data.read_ground_truth(d, missing_ok=True)  # each kind the episode has (copies may drop some)
     if gt:
         _, src_h, src_w = video_size(d / VIDEO_FILE)
         idx = np.asarray(sample["frame_index"])
@@ -115,10 +115,10 @@ def load_generated(root: str | os.PathLike, name: str, num_frames: int) -> Gener
     n, h, w = video_size(path)
     frames = video_lib.read_frames(path, list(range(min(num_frames, n))), w, h)
     out = Generated(np.asarray(frames, np.uint8))
-    if (d / sim_export.DEPTH_FILE).exists():
-        with np.load(d / sim_export.DEPTH_FILE) as z:
+    if (d / robot_data.DEPTH_FILE).exists():
+        with np.load(d / robot_data.DEPTH_FILE) as z:
             out.depth = z["depth_mm"][:num_frames].astype(np.float32) / 1000.0
-    if (d / sim_export.FLOW_FILE).exists():
-        with np.load(d / sim_export.FLOW_FILE) as z:
+    if (d / robot_data.FLOW_FILE).exists():
+        with np.load(d / robot_data.FLOW_FILE) as z:
             out.flow = z["flow"][:num_frames - 1].astype(np.float32)
     return out

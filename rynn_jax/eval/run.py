@@ -30,12 +30,12 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
+from rynn_jax.atomic import atomic_dir
 from rynn_jax.eval import baselines, episodes, fvd, report
 from rynn_jax.eval.report import file_stem
 from rynn_jax.eval.score import score, summarize
 from rynn_jax.render.preview import save_png, save_video
-from rynn_jax.sim.export import atomic_dir
-from rynn_jax.teleop.world_model import SamplingConfig
+from rynn_jax.serving.bidirectional import SamplingConfig
 
 MODELS = ("generated", "teacher", "student")
 STRIP_FRAMES = 6

@@ -8,7 +8,7 @@ fk.py                      JAX forward kinematics, analytic + autodiff Jacobians
 ik.py                      differentiable DLS IK with the null-space shoulder prior
 tracker.py                 tracker chain T_base · Scale_s(T_chest⁻¹ T_wrist) · T_ee, calibration
 hand_retarget.py           MediaPipe-21 → 20 WUJI joints (vector + pinch objective), EMA
-retarget.py                one control step / a trajectory: trackers + hands → 54-D action
+retarget.py                one control step / a trajectory: trackers + hands → 54-D action; a whole stream (`retarget_stream`)
 streams.py                 recorded-stream file format, reader/writer, resampling
 cli.py                     `python -m rynn_jax.kinematics.cli retarget STREAM.npz OUT.npz`
 See docs/kinematics.md.

@@ -18,43 +18,13 @@ import os
 import sys
 import time
 
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from rynn_jax import errors
 from rynn_jax.atomic import atomic_file
-from rynn_jax.kinematics import layout, mjcf_model, retarget, streams, tracker
-
-
-def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale: float = 1.5,
-                    calibrate: bool = True, where: str = "stream",
-                    cfg: retarget.RetargetConfig = retarget.RetargetConfig()) -> dict[str, np.ndarray]:
-    """`where` names the stream in errors and warnings (its file); `cfg`: the solvers' settings."""
-    t0, t1 = stream.span
-    if not t1 > t0:
-        raise errors.InputError(f"{where}: tracker and hand clocks do not overlap")
-    rs = streams.resample(stream, streams.clock(t0, t1, hz))
-    streams.check(stream, where, rs)
-    emb = mjcf_model.embodiment()
-    robot = retarget.robot_arrays(emb)
-    state = retarget.initial_state(emb)
-    calib = tracker.default_calibration(scale=scale)
-    if calibrate:
-        first = np.flatnonzero(rs["trackers_fresh"].all(axis=1))
-        if len(first) == 0:
-            raise errors.InputError(f"{where}: no time step has all five trackers valid; cannot calibrate",
-                                    fix="pass --no-calibrate to use the default calibration")
-        calib = retarget.calibrated(robot, state, rs["trackers"][first[0]], scale)
-    _, actions, info = retarget.trajectory_jit(robot, calib, state, jnp.asarray(rs["trackers"], jnp.float32),
-                                               jnp.asarray(rs["hands"], jnp.float32), cfg)
-    actions = np.asarray(actions)
-    if not np.all(np.isfinite(actions)):       # guaranteed by construction; fail loudly if not
-        raise RuntimeError("non-finite joints in the retargeted actions")
-    return {"t": rs["t"], "actions": actions, "action_names": np.asarray(layout.ACTION_NAMES),
-            "trackers_fresh": rs["trackers_fresh"], "hands_fresh": rs["hands_fresh"],
-            "ik_pos_err": np.asarray(info.ik.pos_err), "ik_rot_err": np.asarray(info.ik.rot_err),
-            "hand_tip_err": np.asarray(info.hand_tip_err_s)}
+from rynn_jax.kinematics import streams
+from rynn_jax.kinematics.retarget import retarget_stream
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from rynn_jax.kinematics import fk, hand_retarget, ik, layout, tracker
+from rynn_jax import errors
+from rynn_jax.kinematics import fk, hand_retarget, ik, layout, mjcf_model, streams, tracker
 from rynn_jax.kinematics.mjcf_model import Chain, Embodiment
 
 Array = jnp.ndarray
@@ -124,3 +126,35 @@ def trajectory(robot: Robot, calib: tracker.Calibration, state: RetargetState, t
 # One compiled program per (shapes, cfg), shared by every caller: robot, calibration and state are
 # arguments, so retargeting a new stream never recompiles.
 trajectory_jit = jax.jit(trajectory, static_argnames="cfg")
+
+
+def retarget_stream(stream: streams.Stream, hz: float = streams.VIDEO_FPS, scale: float = 1.5,
+                    calibrate: bool = True, where: str = "stream",
+                    cfg: RetargetConfig = RetargetConfig()) -> dict[str, np.ndarray]:
+    """A recorded operator stream → its 54-D action trajectory on the `hz` clock (calibrated on the
+    first step with all five trackers valid unless `calibrate` is False). `where` names the stream in
+    errors and warnings (its file); `cfg`: the solvers' settings."""
+    t0, t1 = stream.span
+    if not t1 > t0:
+        raise errors.InputError(f"{where}: tracker and hand clocks do not overlap")
+    rs = streams.resample(stream, streams.clock(t0, t1, hz))
+    streams.check(stream, where, rs)
+    emb = mjcf_model.embodiment()
+    robot = robot_arrays(emb)
+    state = initial_state(emb)
+    calib = tracker.default_calibration(scale=scale)
+    if calibrate:
+        first = np.flatnonzero(rs["trackers_fresh"].all(axis=1))
+        if len(first) == 0:
+            raise errors.InputError(f"{where}: no time step has all five trackers valid; cannot calibrate",
+                                    fix="pass --no-calibrate to use the default calibration")
+        calib = calibrated(robot, state, rs["trackers"][first[0]], scale)
+    _, actions, info = trajectory_jit(robot, calib, state, jnp.asarray(rs["trackers"], jnp.float32),
+                                               jnp.asarray(rs["hands"], jnp.float32), cfg)
+    actions = np.asarray(actions)
+    if not np.all(np.isfinite(actions)):       # guaranteed by construction; fail loudly if not
+        raise RuntimeError("non-finite joints in the retargeted actions")
+    return {"t": rs["t"], "actions": actions, "action_names": np.asarray(layout.ACTION_NAMES),
+            "trackers_fresh": rs["trackers_fresh"], "hands_fresh": rs["hands_fresh"],
+            "ik_pos_err": np.asarray(info.ik.pos_err), "ik_rot_err": np.asarray(info.ik.rot_err),
+            "hand_tip_err": np.asarray(info.hand_tip_err_s)}

@@ -23,7 +23,7 @@ import numpy as np
 
 from rynn_jax.kinematics import layout, mjcf_model, retarget, streams
 from rynn_jax.live.protocol import Frame, ProtocolError
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 
 WINDOW_FRAMES = 32  # frames kept for resampling (≥ 2 ticks at 16 fps for trackers down to 16 Hz)
 

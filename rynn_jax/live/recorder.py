@@ -17,7 +17,7 @@ import numpy as np
 
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.live.world import Block
-from rynn_jax.sim.export import write_action_stats
+from rynn_jax.sim.robot_shards import write_action_stats
 from rynn_jax.teleop.generate import Prepared, write_episode
 
 

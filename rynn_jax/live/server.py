@@ -38,6 +38,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from rynn_jax import compile_cache, errors
+from rynn_jax.errors import height_width
 from rynn_jax.kinematics import streams
 from rynn_jax.live import protocol
 from rynn_jax.live.operator import Kinematics, Operator, TickQueue
@@ -45,10 +46,11 @@ from rynn_jax.live.recorder import Recorder
 from rynn_jax.live.replay import Replay
 from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
-from rynn_jax.teleop.demo import (IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, check_model_flags, check_resolution,
-                                  height_width, read_reference, streaming_session)
-from rynn_jax.teleop.generate import fit_image, text_contexts
-from rynn_jax.teleop.session import camera_pose
+from rynn_jax.serving.assemble import check_model_flags, check_resolution, streaming_session
+from rynn_jax.serving.clip import fit_image
+from rynn_jax.serving.prompts import text_contexts
+from rynn_jax.teleop.camera_hands import camera_pose
+from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
 
 STATIC_DIR = Path(__file__).with_name("static")
 TOKEN_ENV = "RYNN_LIVE_TOKEN"

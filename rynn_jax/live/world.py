@@ -32,7 +32,7 @@ import numpy as np
 
 from rynn_jax.live.operator import Tick, TickQueue
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
-from rynn_jax.teleop.streaming import BlockFrames, StreamingSession
+from rynn_jax.serving.session import BlockFrames, StreamingSession
 
 
 class Member(Protocol):

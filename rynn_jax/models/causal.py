@@ -1,4 +1,7 @@
-"""Block-causal Wan DiT with a static KV cache: the causal student of RynnWorld-Teleop (paper §3.5).
+"""Block-causal Wan DiT with a static KV cache: the causal student of RynnWorld-Teleop (paper §3.5),
+in its reference formulation (one block against the cache, and the whole chunk under the
+block-causal mask). The served passes built on it (one working copy of the cache per block, the
+merged clean pass) are `rynn_jax.serving.cached_passes`; tests hold them equal to these.
 
 It runs the teacher's parameters unchanged. A chunk's latent frames are cut into blocks of
 `frames_per_block`; attention is bidirectional within a block and causal across blocks. Block 0
@@ -11,7 +14,7 @@ Cache layout, per layer, in frame slots of `tokens_per_frame` tokens each:
     slots 1 .. W   a ring of the last W frames: chunk frame a ≥ 1 lives in slot 1 + (a − 1) mod W
 A block's K/V go into the slots it will occupy (evicting the oldest frames once the ring is full)
 and its queries attend to all valid slots, itself included. The denoising passes write a per-layer
-copy that is thrown away (serving: one working copy per block, `working_kv`); only the clean
+copy that is thrown away (serving: one working copy per block, `serving.cached_passes`); only the clean
 (t = 0) pass writes the cache (`write=True`). Valid slots
 are always a prefix, so the mask is a key length — cuDNN's padding mask, not a dense mask.
 
@@ -33,7 +36,6 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rynn_jax.models import rope
 from rynn_jax.models.dit import WanAttention, WanBlock, WanDiT, pad_tokens, token_grid
@@ -44,7 +46,7 @@ from rynn_jax.sharding import constrain
 #   text_k_lbsnh, text_v_lbsnh   cross-attention K/V of the text context, computed once per session
 #   frames                       int32 (): chunk frames written so far = chunk index of the next frame
 KVCache = dict[str, jax.Array]
-_CACHE_NAMES = ("layers", "act_batch", "act_kv_len", "act_heads", None)
+CACHE_NAMES = ("layers", "act_batch", "act_kv_len", "act_heads", None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,7 +84,7 @@ def init_cache(model: WanDiT, ccfg: CausalConfig, ctx_bsk: jax.Array, latent_hw:
     cfg = model.cfg
     tokens = (latent_hw[0] // cfg.patch_size[1]) * (latent_hw[1] // cfg.patch_size[2])
     shape = (cfg.num_layers, ctx_bsk.shape[0], ccfg.cache_frames * tokens, cfg.num_heads, cfg.head_dim)
-    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), _CACHE_NAMES)  # noqa: E731
+    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_NAMES)  # noqa: E731
     text_k, text_v = text_kv(model, ctx_bsk)
     return {"k_lbsnh": zeros(), "v_lbsnh": zeros(), "text_k_lbsnh": text_k, "text_v_lbsnh": text_v,
             "frames": jnp.zeros((), jnp.int32)}
@@ -125,7 +127,7 @@ def frames_rope(pos_f: jax.Array, grid_hw: tuple[int, int], model: WanDiT) -> tu
 # --------------------------------------------------------------------------------------------------
 
 
-def _input_tokens(model: WanDiT, z_bfhwc: jax.Array, control_bfhwc: jax.Array | None) -> jax.Array:
+def input_tokens(model: WanDiT, z_bfhwc: jax.Array, control_bfhwc: jax.Array | None) -> jax.Array:
     x_bld = model.embed_patches(z_bfhwc).astype(jnp.float32)
     if model.control is not None:
         if control_bfhwc is None or control_bfhwc.shape[:4] != z_bfhwc.shape[:4]:
@@ -138,7 +140,7 @@ def _input_tokens(model: WanDiT, z_bfhwc: jax.Array, control_bfhwc: jax.Array | 
     return x_bld
 
 
-def _placement(model: WanDiT, first_frame: jax.Array, frames: int, window: int, grid_hw: tuple[int, int],
+def placement(model: WanDiT, first_frame: jax.Array, frames: int, window: int, grid_hw: tuple[int, int],
                batch: int):
     """Where a block starting at chunk frame `first_frame` goes: (first cache token of each frame,
     query RoPE, RoPE of every cache slot, key length per sample) once its frames are written."""
@@ -151,7 +153,7 @@ def _placement(model: WanDiT, first_frame: jax.Array, frames: int, window: int, 
     return frame_slots(a_f, window) * tokens, q_rope, k_rope, kv_len_b
 
 
-def _put_frames(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, tokens: int) -> jax.Array:
+def put_frames(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, tokens: int) -> jax.Array:
     """Write a block's K or V (B, F·tokens, N, H) into the cache, frame by frame (a block may wrap
     around the ring's end)."""
     for j in range(start_f.shape[0]):
@@ -160,7 +162,7 @@ def _put_frames(cache_bsnh: jax.Array, new_bsnh: jax.Array, start_f: jax.Array, 
     return cache_bsnh
 
 
-def _check_fits(cache: KVCache, ccfg: CausalConfig, frames: int, tokens: int) -> None:
+def check_fits(cache: KVCache, ccfg: CausalConfig, frames: int, tokens: int) -> None:
     if frames > ccfg.window_frames + 1:
         raise ValueError(f"a block of {frames} frames does not fit a window of {ccfg.window_frames} (+ the sink)")
     if cache["k_lbsnh"].shape[2] != ccfg.cache_frames * tokens:
@@ -168,27 +170,27 @@ def _check_fits(cache: KVCache, ccfg: CausalConfig, frames: int, tokens: int) ->
                          f"{ccfg.cache_frames} frames × {tokens}")
 
 
-def _write_block(cache: KVCache, new_kv: tuple[jax.Array, jax.Array], start_f: jax.Array, tokens: int) -> KVCache:
+def write_block(cache: KVCache, new_kv: tuple[jax.Array, jax.Array], start_f: jax.Array, tokens: int) -> KVCache:
     """The cache with a block's per-layer K/V (layers, B, F·tokens, N, H) written at its frames'
     slots, and `frames` advanced past it."""
-    write = lambda c, n: _put_frames(c, n, start_f, tokens)  # noqa: E731
+    write = lambda c, n: put_frames(c, n, start_f, tokens)  # noqa: E731
     k_lbsnh, v_lbsnh = (jax.vmap(write)(c, n) for c, n in zip((cache["k_lbsnh"], cache["v_lbsnh"]), new_kv))
-    return {**cache, "k_lbsnh": constrain(k_lbsnh, _CACHE_NAMES), "v_lbsnh": constrain(v_lbsnh, _CACHE_NAMES),
+    return {**cache, "k_lbsnh": constrain(k_lbsnh, CACHE_NAMES), "v_lbsnh": constrain(v_lbsnh, CACHE_NAMES),
             "frames": cache["frames"] + start_f.shape[0]}
 
 
-def _one_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
+def one_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: jax.Array, t_bf: jax.Array,
                control_bfhwc: jax.Array | None):
     """A block pass's inputs: its tokens (padded) and their RoPE, time embeddings, token grid and
-    `_placement` (of which the query RoPE is unpadded). Tail pads (cfg.token_multiple) ride along
+    `placement` (of which the query RoPE is unpadded). Tail pads (cfg.token_multiple) ride along
     as queries only: the cache takes the first F·tokens K/V, and the key length ends at the real tokens."""
     cfg = model.cfg
     grid = token_grid(z_bfhwc.shape, cfg)
     f, tokens = grid[0], grid[1] * grid[2]
-    _check_fits(cache, ccfg, f, tokens)
-    x_bld = _input_tokens(model, z_bfhwc, control_bfhwc)
+    check_fits(cache, ccfg, f, tokens)
+    x_bld = input_tokens(model, z_bfhwc, control_bfhwc)
     temb_bfd, tproj_bf6d = model.embed_time(t_bf)
-    place = _placement(model, cache["frames"], f, ccfg.window_frames, grid[1:], z_bfhwc.shape[0])
+    place = placement(model, cache["frames"], f, ccfg.window_frames, grid[1:], z_bfhwc.shape[0])
     x_bld, x_rope, pad = pad_tokens(x_bld, place[1], cfg.token_multiple)
     return x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, place
 
@@ -198,10 +200,10 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     """Velocity (B, F, H, W, C) of the block that starts at chunk frame `cache["frames"]`, attending to
     the cache and itself. `write=True` stores the block's K/V and advances `frames` (the clean pass);
     otherwise the cache is returned unchanged."""
-    x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, (start_f, _, k_rope, kv_len_b) = _one_block(
+    x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, (start_f, _, k_rope, kv_len_b) = one_block(
         model, cache, ccfg, z_bfhwc, t_bf, control_bfhwc)
     f, tokens = grid[0], grid[1] * grid[2]
-    put_block = lambda c, n: _put_frames(c, n, start_f, tokens)  # noqa: E731
+    put_block = lambda c, n: put_frames(c, n, start_f, tokens)  # noqa: E731
 
     def layer(block: WanBlock, x_bld: jax.Array, xs):
         k_cache, v_cache, text_k, text_v = xs
@@ -210,7 +212,7 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
             q_blnh, k_new, v_new = attn.self_qkv(h_bld, q_rope, None)  # K pre-RoPE, as cached
             k_all = rope.apply_rope(put_block(k_cache, k_new), *k_rope)
             v_all = put_block(v_cache, v_new)
-            k_all, v_all = (constrain(a, _CACHE_NAMES[1:]) for a in (k_all, v_all))
+            k_all, v_all = (constrain(a, CACHE_NAMES[1:]) for a in (k_all, v_all))
             out = attn.attend(q_blnh, k_all, v_all, kv_len_b=kv_len_b)
             return out, ((k_new, v_new) if write else None)
 
@@ -220,173 +222,7 @@ def forward_block(model: WanDiT, cache: KVCache, ccfg: CausalConfig, z_bfhwc: ja
     xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
     x_bld, new_kv = model.scan_blocks(layer, x_bld, xs)
     v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)
-    return v_bfhwc, (_write_block(cache, new_kv, start_f, tokens) if write else cache)
-
-
-def _two_blocks(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
-                clean_control_bfhwc: jax.Array | None, z_bfhwc: jax.Array, t_bf: jax.Array,
-                control_bfhwc: jax.Array | None):
-    """The merged pass's inputs: both blocks' tokens (padded) and their RoPE, time embeddings, the
-    next block's token grid, the clean block's frame count and both blocks' `_placement`."""
-    cfg = model.cfg
-    grid_c, grid = token_grid(clean_bfhwc.shape, cfg), token_grid(z_bfhwc.shape, cfg)
-    if grid_c[1:] != grid[1:]:
-        raise ValueError(f"clean block {clean_bfhwc.shape} and next block {z_bfhwc.shape} differ in size")
-    fc, f, tokens = grid_c[0], grid[0], grid[1] * grid[2]
-    b = z_bfhwc.shape[0]
-    _check_fits(cache, ccfg, max(fc, f), tokens)
-    x_bld = jnp.concatenate([_input_tokens(model, clean_bfhwc, clean_control_bfhwc),
-                             _input_tokens(model, z_bfhwc, control_bfhwc)], axis=1)
-    t_all = jnp.concatenate([jnp.zeros((b, fc), jnp.float32), t_bf.astype(jnp.float32)], axis=1)
-    temb_bfd, tproj_bf6d = model.embed_time(t_all)
-    place_c = _placement(model, cache["frames"], fc, ccfg.window_frames, grid[1:], b)
-    place_n = _placement(model, cache["frames"] + fc, f, ccfg.window_frames, grid[1:], b)
-    q_rope = tuple(jnp.concatenate(pair, axis=0) for pair in zip(place_c[1], place_n[1]))
-    x_bld, q_rope, pad = pad_tokens(x_bld, q_rope, cfg.token_multiple)
-    return x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n
-
-
-def forward_block_after_clean(model: WanDiT, cache: KVCache, ccfg: CausalConfig, clean_bfhwc: jax.Array,
-                              clean_control_bfhwc: jax.Array | None, z_bfhwc: jax.Array, t_bf: jax.Array,
-                              control_bfhwc: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
-    """The previous block's clean (t = 0) cache-writing pass and the next block's first denoising
-    pass as one forward over both blocks' tokens. Returns (the next block's velocity, the cache with
-    the clean block written) — the same as
-
-        _, cache = forward_block(model, cache, ccfg, clean, 0, clean_control, write=True)
-        v, _ = forward_block(model, cache, ccfg, z, t_bf, control, write=False)
-
-    up to float rounding. Per layer the projections, cross-attention and FFN run once on 2·F frames
-    (GEMMs twice as tall: the 1170-token passes are overhead-bound); self-attention runs as the two
-    passes would, the clean block over the cache with itself written, the next block over that
-    cache with itself added (two key ranges, two positions bases when the ring rolls)."""
-    x_bld, q_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n = _two_blocks(
-        model, cache, ccfg, clean_bfhwc, clean_control_bfhwc, z_bfhwc, t_bf, control_bfhwc)
-    (start_c, _, k_rope_c, kv_len_c), (start_n, _, k_rope_n, kv_len_n) = place_c, place_n
-    f, tokens = grid[0], grid[1] * grid[2]
-    lc = fc * tokens
-
-    def layer(block: WanBlock, x_bld: jax.Array, xs):
-        k_cache, v_cache, text_k, text_v = xs
-
-        def self_attention(attn: WanAttention, h_bld: jax.Array):
-            q_blnh, k_new, v_new = attn.self_qkv(h_bld, q_rope, None)  # K pre-RoPE, as cached
-            k_c, v_c = k_new[:, :lc], v_new[:, :lc]
-            k_clean, v_clean = _put_frames(k_cache, k_c, start_c, tokens), _put_frames(v_cache, v_c, start_c, tokens)
-            k_next = _put_frames(k_clean, k_new[:, lc:lc + f * tokens], start_n, tokens)
-            v_next = _put_frames(v_clean, v_new[:, lc:lc + f * tokens], start_n, tokens)
-            outs = []
-            for q, k_all, v_all, k_rope, kv_len in ((q_blnh[:, :lc], k_clean, v_clean, k_rope_c, kv_len_c),
-                                                     (q_blnh[:, lc:], k_next, v_next, k_rope_n, kv_len_n)):
-                k_all = constrain(rope.apply_rope(k_all, *k_rope), _CACHE_NAMES[1:])
-                outs.append(attn.attention(q, k_all, constrain(v_all, _CACHE_NAMES[1:]), kv_len_b=kv_len))
-            return attn.o(jnp.concatenate(outs, axis=1)), (k_c, v_c)
-
-        return block.forward(x_bld, None, tproj_bf6d, fc + f, self_attention=self_attention,
-                             cross_kv=(text_k, text_v), pad=pad)
-
-    xs = (cache["k_lbsnh"], cache["v_lbsnh"], cache["text_k_lbsnh"], cache["text_v_lbsnh"])
-    x_bld, clean_kv = model.scan_blocks(layer, x_bld, xs)
-    v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
-    return v_bfhwc, _write_block(cache, clean_kv, start_c, tokens)
-
-
-# --------------------------------------------------------------------------------------------------
-# Serving: one rotated working copy of the cache per block, written in place by its passes
-# --------------------------------------------------------------------------------------------------
-#
-# `forward_block` builds every layer's "cache with the block written, rotated" afresh in every pass:
-# two copies of the whole cache per layer (2 × 50 MB at 480×832 for the 5B model; on an H200 30 ms
-# of a 148 ms served block went to these copies). All passes of one block share the slots' RoPE
-# positions (they depend on the block's newest frame only), so `working_kv` makes one rotated copy
-# per layer and block, each pass writes its own K/V into it in place (a loop carry) and cuDNN
-# attends to it directly. Per-layer buffers, not one stacked array: a layer slice of a stacked
-# array handed to cuDNN is a copy again. Same numbers as `forward_block` (the same roundings).
-
-Work = tuple[list[jax.Array], list[jax.Array]]  # per layer: K rotated to its slot's position, V; (B, S, N, H)
-
-
-def has_working_path(model: WanDiT) -> bool:
-    """Per-layer blocks (`dit.unrolled`, the serving layout): the layer loop is Python, so each layer
-    can own its working buffers."""
-    return isinstance(model.blocks, nnx.List)
-
-
-def working_kv(model: WanDiT, cache: KVCache, ccfg: CausalConfig, first_frame: jax.Array,
-               block_shape: tuple[int, ...]) -> Work:
-    """Per-layer copies of the cache for a block of latents shaped `block_shape` (B, F, H, W, C)
-    starting at chunk frame `first_frame`: K rotated to the positions its passes use
-    (`_placement`), V as cached."""
-    grid = token_grid(block_shape, model.cfg)
-    a_last = first_frame + grid[0] - 1
-    k_rope = frames_rope(slot_positions(a_last, ccfg.window_frames), grid[1:], model)
-    layers = cache["k_lbsnh"].shape[0]
-    return ([rope.apply_rope(cache["k_lbsnh"][i], *k_rope) for i in range(layers)],
-            [cache["v_lbsnh"][i] for i in range(layers)])
-
-
-def _layers_in_place(model: WanDiT, cache: KVCache, work: Work, x_bld: jax.Array, x_rope, tproj_bf6d: jax.Array,
-                     frames: int, pad: int, tokens: int, groups) -> tuple[jax.Array, Work, tuple[jax.Array, jax.Array]]:
-    """The layers over `work`. `groups`: per query group (query slice, its own keys' token slice,
-    their slots' first tokens, their RoPE, key length). Every group's K/V are written first, then
-    every group attends to the same buffers, so a later group's keys must lie past an earlier
-    group's key length. → (x, work, pre-RoPE K/V of the first group stacked over layers)."""
-    ks, vs = list(work[0]), list(work[1])
-    new_k, new_v = [], []
-    for i, block in enumerate(model.blocks):
-        def self_attention(attn: WanAttention, h_bld: jax.Array):
-            q_blnh, k_new, v_new = attn.self_qkv(h_bld, x_rope, None)  # K pre-RoPE, as cached
-            for _, k_span, start_f, k_rope, _ in groups:
-                ks[i] = _put_frames(ks[i], rope.apply_rope(k_new[:, k_span], *k_rope), start_f, tokens)
-                vs[i] = _put_frames(vs[i], v_new[:, k_span], start_f, tokens)
-            k_all, v_all = (constrain(a, _CACHE_NAMES[1:]) for a in (ks[i], vs[i]))
-            outs = [attn.attention(q_blnh[:, q_span], k_all, v_all, kv_len_b=kv_len) for q_span, *_, kv_len in groups]
-            k_span = groups[0][1]
-            return attn.o(outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)), (k_new[:, k_span],
-                                                                                           v_new[:, k_span])
-
-        cross_kv = (cache["text_k_lbsnh"][i], cache["text_v_lbsnh"][i])
-        x_bld, (k_i, v_i) = block.forward(x_bld, None, tproj_bf6d, frames, self_attention=self_attention,
-                                          cross_kv=cross_kv, pad=pad)
-        new_k.append(k_i)
-        new_v.append(v_i)
-    return x_bld, (ks, vs), (jnp.stack(new_k), jnp.stack(new_v))
-
-
-def forward_block_in_place(model: WanDiT, cache: KVCache, work: Work, ccfg: CausalConfig, z_bfhwc: jax.Array,
-                           t_bf: jax.Array, control_bfhwc: jax.Array | None = None, *, write: bool
-                           ) -> tuple[jax.Array, KVCache, Work]:
-    """`forward_block` over the block's `working_kv` (per-layer blocks only): → (velocity, cache
-    — with the block written when `write` —, work with the block's K/V written)."""
-    x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, (start_f, q_rope, _, kv_len_b) = _one_block(
-        model, cache, ccfg, z_bfhwc, t_bf, control_bfhwc)
-    f, tokens = grid[0], grid[1] * grid[2]
-    groups = [(slice(None), slice(0, f * tokens), start_f, q_rope, kv_len_b)]
-    x_bld, work, new_kv = _layers_in_place(model, cache, work, x_bld, x_rope, tproj_bf6d, f, pad, tokens, groups)
-    v_bfhwc = model.project_out(x_bld[:, :f * tokens], temb_bfd, grid)
-    return v_bfhwc, (_write_block(cache, new_kv, start_f, tokens) if write else cache), work
-
-
-def forward_block_after_clean_in_place(model: WanDiT, cache: KVCache, work: Work, ccfg: CausalConfig,
-                                       clean_bfhwc: jax.Array, clean_control_bfhwc: jax.Array | None,
-                                       z_bfhwc: jax.Array, t_bf: jax.Array, control_bfhwc: jax.Array | None = None
-                                       ) -> tuple[jax.Array, KVCache, Work]:
-    """`forward_block_after_clean` over the next block's `working_kv` (made before the clean block
-    is written). Policy "full" only: the next block's slots then lie past the clean block's key
-    length (a rolling ring may put them over frames the clean block still sees)."""
-    if ccfg.policy != "full":
-        raise ValueError("the in-place merged pass needs the full cache policy")
-    x_bld, x_rope, pad, temb_bfd, tproj_bf6d, grid, fc, place_c, place_n = _two_blocks(
-        model, cache, ccfg, clean_bfhwc, clean_control_bfhwc, z_bfhwc, t_bf, control_bfhwc)
-    (start_c, q_rope_c, _, kv_len_c), (start_n, q_rope_n, _, kv_len_n) = place_c, place_n
-    f, tokens = grid[0], grid[1] * grid[2]
-    lc = fc * tokens
-    groups = [(slice(0, lc), slice(0, lc), start_c, q_rope_c, kv_len_c),
-              (slice(lc, None), slice(lc, lc + f * tokens), start_n, q_rope_n, kv_len_n)]
-    x_bld, work, clean_kv = _layers_in_place(model, cache, work, x_bld, x_rope, tproj_bf6d, fc + f, pad, tokens,
-                                             groups)
-    v_bfhwc = model.project_out(x_bld[:, lc:lc + f * tokens], temb_bfd[:, fc:], grid)
-    return v_bfhwc, _write_block(cache, clean_kv, start_c, tokens), work
+    return v_bfhwc, (write_block(cache, new_kv, start_f, tokens) if write else cache)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -453,11 +289,11 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
     cfg = model.cfg
     grid = token_grid(z_bthwc.shape, cfg)
     f, tokens = grid[0], grid[1] * grid[2]
-    x_bld = _input_tokens(model, z_bthwc, control_bthwc)
+    x_bld = input_tokens(model, z_bthwc, control_bthwc)
     rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)
     forcing = noisy_bthwc is not None
     if forcing:
-        x_bld = jnp.concatenate([x_bld, _input_tokens(model, noisy_bthwc, control_bthwc)], axis=1)
+        x_bld = jnp.concatenate([x_bld, input_tokens(model, noisy_bthwc, control_bthwc)], axis=1)
         t_bf = jnp.concatenate([t_bf, noisy_t_bf], axis=1)
         rope_cs = tuple(jnp.concatenate([a, a], axis=0) for a in rope_cs)  # same positions twice
     x_bld, rope_cs, pad = pad_tokens(x_bld, rope_cs, cfg.token_multiple)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.weights import (
     ConversionError,
     Fixed,
@@ -243,12 +243,12 @@ def load_dit(path: str | os.PathLike[str], cfg: WanDiTConfig | None = None, dtyp
     what the file does not say, e.g. the control branch). `stats` names a control statistics record to
     use (default: the converted directory's own, if any). Returns a `WanDiT`."""
 
-    if checkpoints.is_converted_dir(path):
-        saved = checkpoints.load_config(path, WanDiTConfig)
+    if converted_weights.is_converted_dir(path):
+        saved = converted_weights.load_config(path, WanDiTConfig)
         if cfg is not None and cfg != saved:
             raise ValueError(f"{path} was converted for {saved}, not {cfg}")
         abstract = abstract_pure_params(nnx.state(abstract_dit(saved), nnx.Param))
-        params = checkpoints.restore_params(path, abstract, dtype)
+        params = converted_weights.restore_params(path, abstract, dtype)
         own = control.stats_file_of(path) if saved.control == "add-plus" else None
         return dit_from_params(saved, with_control_stats(params, saved, stats if stats is not None else own))
     cfg = checkpoint_dit_config(path, cfg)

@@ -48,7 +48,7 @@ Streaming contract (same signatures and first call as vae.py, so a session can s
   * decode_chunk: every call emits 4 frames; on the first call frames 0..2 are the reference's
     start-up frames (trimmed by `decode`) and are returned as zeros, as vae.decode_chunk does.
   * Beyond vae.py's contract, a call may also take k chunks at once (4k frames / k latents): the
-    same result as k calls, in one parallel pass (streaming.Codec.whole_blocks uses it).
+    same result as k calls, in one parallel pass (serving.codecs.StreamingCodec.whole_blocks uses it).
   * The cache is {"step": int32, "layers": [encoder|decoder stage][block] → (B, 1, h, w, C)}, the
     last input frame of every MemBlock. Within a call all frames run in parallel (each block sees
     concat(memory, x[:-1]) as its past). The first call ignores the cache's contents; `first=None`

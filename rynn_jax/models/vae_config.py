@@ -80,7 +80,7 @@ class WanVAEConfig:
                              "(the kernel ones: rynn_jax.kernels.vae_conv.configure)")
 
     # Fields older versions wrote to config.json, dropped on load when at their old default
-    # (checkpoints.load_config): the kernel's FP8 scaling now lives in kernel_conv.
+    # (converted_weights.load_config): the kernel's FP8 scaling now lives in kernel_conv.
     DROPPED_FIELDS: ClassVar[dict[str, Any]] = {"conv_fp8_scales": "per_call"}
 
     @property

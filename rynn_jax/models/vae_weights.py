@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.weights import (ConversionError, Fixed, Rule, abstract_pure_params, agree, config_fields,
                               convert_state_dict, flatten_params, open_safetensors, read_config_json,
                               torch_conv2d, torch_conv3d)
@@ -258,10 +258,10 @@ def load_vae(path: str | os.PathLike[str], cfg: WanVAEConfig | None = None, dtyp
     `dtype` casts every parameter (None: cfg.param_dtype). Errors name the offending key.
     """
 
-    if checkpoints.is_converted_dir(path):
-        saved = checkpoints.load_config(path, WanVAEConfig)
+    if converted_weights.is_converted_dir(path):
+        saved = converted_weights.load_config(path, WanVAEConfig)
         if cfg is not None and cfg != saved:
             raise ValueError(f"{path} was converted for {saved}, not {cfg}")
-        return vae_from_params(saved, checkpoints.restore_params(path, abstract_params(saved), dtype))
+        return vae_from_params(saved, converted_weights.restore_params(path, abstract_params(saved), dtype))
     cfg = checkpoint_vae_config(path, cfg)
     return vae_from_params(cfg, load_vae_checkpoint(path, cfg, dtype, layout))

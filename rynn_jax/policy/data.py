@@ -29,9 +29,6 @@ from rynn_jax.data.geometry_video import depth_to_rgb
 from rynn_jax.kinematics import layout
 from rynn_jax.policy.normalize import ActionNormalizer
 
-DEPTH_FILE = "depth.npz"  # sim/export.py's: depth_mm uint16 (T, H, W)
-
-
 def goal_tokens(prompt: str, length: int, dim: int, text_dir: str = "") -> np.ndarray:
     """(length, dim) goal tokens: the first `length` of the prompt's embedding in `text_dir`
     (`<sha256(prompt)>.safetensors`), or its hashed embedding when text_dir is ""."""
@@ -61,7 +58,7 @@ def load_episode(directory: str, size: tuple[int, int], chunk: int, goal_len: in
     try:
         with open(os.path.join(directory, robot.METADATA_FILE)) as f:
             prompt = str(json.load(f)["task_description"])
-        with np.load(os.path.join(directory, DEPTH_FILE)) as z:
+        with np.load(os.path.join(directory, robot.DEPTH_FILE)) as z:
             depth = z["depth_mm"].astype(np.float32) / 1000.0
     except (OSError, ValueError, KeyError) as e:
         raise DataError(directory, "unreadable episode", str(e)) from e

@@ -46,19 +46,19 @@ class ImageInput:
 
 
 def load_dit4d(path: str):
-    """A WanDiT4D from a directory in the rynn_jax.checkpoints layout (config.json with its nested base)."""
-    from rynn_jax import checkpoints
+    """A WanDiT4D from a directory in the rynn_jax.converted_weights layout (config.json with its nested base)."""
+    from rynn_jax import converted_weights
     from rynn_jax.models.dit import WanDiTConfig
     from rynn_jax.models.dit4d import WanDiT4DConfig, abstract_dit4d, dit4d_from_params
 
     tup = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
-    with open(os.path.join(path, checkpoints.CONFIG_FILE)) as f:
+    with open(os.path.join(path, converted_weights.CONFIG_FILE)) as f:
         raw = json.load(f)
     if raw.pop("__class__", "WanDiT4DConfig") != "WanDiT4DConfig":
         raise ValueError(f"{path}: not a WanDiT4D directory")
     cfg = WanDiT4DConfig(base=WanDiTConfig(**tup(raw.pop("base"))), **tup(raw))
     abstract = nnx.to_pure_dict(nnx.state(abstract_dit4d(cfg)))
-    return dit4d_from_params(cfg, checkpoints.restore_params(path, abstract))
+    return dit4d_from_params(cfg, converted_weights.restore_params(path, abstract))
 
 
 class World4DFeatures:

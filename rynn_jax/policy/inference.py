@@ -2,7 +2,7 @@
 jitted chunk prediction (observation → 10 × 54 raw joint targets). Policy directories:
 
     <dir>/config.json         PolicyConfig (+ "__class__")
-    <dir>/params/             orbax params of `model.Policy` (rynn_jax.checkpoints layout)
+    <dir>/params/             orbax params of `model.Policy` (rynn_jax.converted_weights layout)
     <dir>/action_stats.json   mean / std the head's outputs are un-normalised with
 """
 
@@ -76,28 +76,28 @@ def from_params(cfg: config_lib.PolicyConfig, params: nnx.State | None, normaliz
 
 def save(path: str | os.PathLike[str], cfg: config_lib.PolicyConfig, params: nnx.State,
          normalizer: ActionNormalizer) -> None:
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
 
     pure = jax.tree.map(np.asarray, nnx.to_pure_dict(params))
-    checkpoints.save_params(path, pure, cfg)
+    converted_weights.save_params(path, pure, cfg)
     with open(os.path.join(path, "action_stats.json"), "w") as f:
         json.dump(normalizer.to_json(), f)
 
 
 def load(path: str | os.PathLike[str]) -> LoadedPolicy:
     """A policy directory written by `save` (the trainer's export)."""
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
 
     path = os.fspath(path)
-    cfg_file = os.path.join(path, checkpoints.CONFIG_FILE)
+    cfg_file = os.path.join(path, converted_weights.CONFIG_FILE)
     if not os.path.isfile(cfg_file):
-        raise FileNotFoundError(f"--policy {path}: no {checkpoints.CONFIG_FILE} (not a policy directory)")
+        raise FileNotFoundError(f"--policy {path}: no {converted_weights.CONFIG_FILE} (not a policy directory)")
     with open(cfg_file) as f:
         raw = json.load(f)
     if raw.pop("__class__", "PolicyConfig") != "PolicyConfig":
         raise ValueError(f"--policy {path}: not a policy directory")
     cfg = config_lib.from_dict(raw)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Policy(cfg, rngs=nnx.Rngs(0))), nnx.Param)
-    pure = checkpoints.restore_params(path, nnx.to_pure_dict(abstract))
+    pure = converted_weights.restore_params(path, nnx.to_pure_dict(abstract))
     nnx.replace_by_pure_dict(abstract, pure)
     return LoadedPolicy(cfg, graphdef, abstract, encoders.make_encoder(cfg), ActionNormalizer.from_file(path))

@@ -28,6 +28,7 @@ import numpy as np
 
 from rynn_jax import errors
 from rynn_jax.sim import scenes
+from rynn_jax.sim.resolutions import RESOLUTIONS, parse_resolution
 
 STRIP_FRAMES = 6
 
@@ -212,9 +213,6 @@ def evaluate(actor: Actor, tasks: list[str], episodes: int, out: str | os.PathLi
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rynn_jax.sim.cli import parse_resolution
-    from rynn_jax.sim.episode import RESOLUTIONS
-
     ap = errors.ArgumentParser(prog="python serve.py policy", description=__doc__)
     ap.add_argument("--task", default="all", help=f"one of {', '.join(scenes.TASKS)}, a comma list, or 'all'")
     ap.add_argument("--episodes", type=int, default=35, help="trials per task")

@@ -19,7 +19,6 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import sys
 import time
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from rynn_jax import errors
 from rynn_jax.sim import scenes
+from rynn_jax.sim.resolutions import parse_resolution
 
 
 CACHE_ENV = "RYNN_JAX_SIM_COMPILE_CACHE"  # set by --compile-cache; spawned workers inherit it
@@ -51,12 +51,12 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
                 shadows: bool | None) -> dict:
     """Generate one attempt; write it if it succeeded; leave the attempt marker either way."""
     _setup_worker()
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     t0 = time.perf_counter()
     ep = episode.generate(task, seed, resolution=parse_resolution(resolution), num_frames=frames, shadows=shadows)
     if ep.success:
-        export.write_episode(ep, export.episode_dir(out, task, attempt))
+        robot_shards.write_episode(ep, robot_shards.episode_dir(out, task, attempt))
     record = {"task": task, "attempt": attempt, "seed": seed, "success": ep.success, "failures": ep.failures,
               "seconds": round(time.perf_counter() - t0, 3), "timings_s": ep.info["timings_s"]}
     marker = Path(out) / task / ".attempts" / f"{attempt}.json"
@@ -65,18 +65,6 @@ def run_attempt(task: str, attempt: int, seed: int, out: str, resolution: str, f
     tmp.write_text(json.dumps(record))
     os.replace(tmp, marker)
     return record
-
-
-def parse_resolution(text: str) -> str | tuple[int, int]:
-    """A named resolution ("tiny", "small", "full") or "HxW" in pixels, e.g. "128x224"."""
-    from rynn_jax.sim.episode import RESOLUTIONS
-
-    if text in RESOLUTIONS:
-        return text
-    m = re.fullmatch(r"(\d+)x(\d+)", text)
-    if not m or min(int(m[1]), int(m[2])) < 16:
-        raise ValueError(f"resolution {text!r}: use one of {sorted(RESOLUTIONS)} or HxW in pixels (≥ 16), e.g. 128x224")
-    return int(m[1]), int(m[2])
 
 
 def _done_attempts(out: str, task: str) -> dict[int, dict]:
@@ -96,7 +84,7 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
              frames: int | None = None, seed: int = 0, shadows: bool | None = None,
              max_attempts: int | None = None, progress: bool = True) -> dict:
     """Make `n` successful episodes per task under `out` (resuming what is there)."""
-    from rynn_jax.sim import episode, export
+    from rynn_jax.sim import episode, robot_shards
 
     frames = frames or episode.DEFAULT_FRAMES
     max_attempts = max_attempts or 3 * n + 5
@@ -166,7 +154,7 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
                 submit_ready(lambda t, k: pool.submit(run_attempt, *args(t, k)))
     bar.close()
     wall = time.perf_counter() - t0
-    stats = export.write_action_stats(out) if any(succ.values()) else None
+    stats = robot_shards.write_action_stats(out) if any(succ.values()) else None
     summary = {"tasks": {}, "resolution": resolution, "frames": frames, "workers": workers,
                "wall_s": round(wall, 2), "new_attempts": len(new_records)}
     for t in tasks:

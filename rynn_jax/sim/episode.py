@@ -38,9 +38,9 @@ import numpy as np
 from rynn_jax.kinematics import fk, layout, replay, retarget, streams, tracker
 from rynn_jax.render import RenderConfig, render_video
 from rynn_jax.sim import operators, scenes
+from rynn_jax.sim.resolutions import RESOLUTIONS
 
 FPS = streams.VIDEO_FPS
-RESOLUTIONS = {"tiny": (64, 112), "small": (240, 416), "full": (480, 832)}   # (height, width)
 DEFAULT_FRAMES = 113          # 7.0 s at 16 fps (one compile of the retargeting per process)
 SERVO_OMEGA = 40.0            # rad/s
 ATTACH_CLOSURE, RELEASE_CLOSURE, ATTACH_DIST = 0.5, 0.3, 0.025

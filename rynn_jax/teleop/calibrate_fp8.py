@@ -87,7 +87,7 @@ def calibration_batches(clips: Iterable[dict[str, np.ndarray]], cfg: WanDiTConfi
 
 def calibration_timesteps() -> list[float]:
     """The model timesteps a served block sees: the 4-step student's, then 0 (the clean cache pass)."""
-    from rynn_jax.teleop.streaming import StepConfig, step_schedule
+    from rynn_jax.serving.block_step import StepConfig, step_schedule
 
     return [float(t) for t in step_schedule(StepConfig())[0]] + [0.0]
 
@@ -113,7 +113,7 @@ def fp8_distance(float_model, per_token, static, batch: tuple) -> dict[str, floa
 def main(argv: list[str] | None = None) -> dict:
     from rynn_jax.models import fp8
     from rynn_jax.models.causal import CausalConfig
-    from rynn_jax.teleop.demo import build_dit
+    from rynn_jax.serving.assemble import build_dit
 
     p = errors.ArgumentParser(prog="python serve.py calibrate-fp8", description=__doc__)
     p.add_argument("--latents", required=True, help="directory of latent shards (rynn_jax.data.preencode)")
@@ -177,8 +177,8 @@ def main_vae(argv: list[str] | None = None) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from rynn_jax.models import vae as vae_lib
     from rynn_jax.kernels import vae_fp8
+    from rynn_jax.models import vae as vae_lib
     from rynn_jax.models.vae_weights import load_vae
 
     p = errors.ArgumentParser(prog="python serve.py calibrate-vae-fp8",

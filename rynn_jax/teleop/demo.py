@@ -5,7 +5,7 @@ the head camera and drives the world model from the reference image; the same st
 retargeted by IK to the robot's joints. Output: synchronized frames and actions at 16 fps.
 
 With no weights given it uses the bundled trained student and autoencoder of the synthetic world
-(`weights/synthetic/{student,autoencoder}`, `teleop.student`) at the resolution they were trained
+(`weights/synthetic/{student,autoencoder}`, `serving.student`) at the resolution they were trained
 for, streamed block by block as they were distilled; when they are absent, or with
 `--random-weights`, tiny randomly initialised networks (the pipeline, shapes, timing and actions
 are real, the pictures are not). Pass directories made by `python -m rynn_jax.convert` (a DiT with a
@@ -13,14 +13,13 @@ control branch and the VAE) or by `rynn_jax.distill.export` (a student) for othe
 
 `--world sim` (demo v0 of the synthetic world, `rynn_jax.sim`): generates one MuJoCo episode
 (scripted operator → stream → retarget → simulate → render), renders its skeleton video, and runs
-the causal student (`teleop.streaming.StreamingSession`) from the episode's first frame; writes
+the causal student (`serving.session.StreamingSession`) from the episode's first frame; writes
 the generated, ground-truth and skeleton videos side by side and the 54-D actions, and reports the
 generated frames' PSNR against the ground truth (next to a copy of the first frame's).
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import dataclasses
 import json
@@ -35,90 +34,21 @@ from tqdm import tqdm
 
 from rynn_jax import compile_cache, errors
 from rynn_jax.atomic import staged_files
+from rynn_jax.eval import metrics
 from rynn_jax.kinematics import streams
 from rynn_jax.kinematics.layout import ACTION_NAMES
-from rynn_jax.kinematics.cli import retarget_stream
-from rynn_jax.models.dit import WanDiTConfig, init_dit
-from rynn_jax.models.dit_weights import load_dit
-from rynn_jax.models.fp8 import load_scales, quantize_dit, with_static_scales
-from rynn_jax.models.vae import WanVAEConfig, init_vae
-from rynn_jax.models.vae_weights import load_vae
+from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
-from rynn_jax.render.preview import read_png, save_png, save_video
-from rynn_jax.teleop import student as student_lib
-from rynn_jax.teleop.session import hands_in_camera, synthetic_stream, video_times
-from rynn_jax.teleop.world_model import SamplingConfig, WorldModel
+from rynn_jax.render.preview import save_png, save_video
+from rynn_jax.serving import student as student_lib
+from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, build_world_model, check_model_flags, check_resolution,
+                                       choose_weights, session_for)
+from rynn_jax.serving.bidirectional import SamplingConfig
+from rynn_jax.serving.clip import fit_image, rollout
+from rynn_jax.serving.session import StreamingSession
+from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream, video_times
+from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
 from rynn_jax.text import empty_context, load_text_context
-
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "sample"
-STREAM_FILE, IMAGE_FILE = "operator_stream.npz", "reference.png"
-PIXEL_MULTIPLE = 32  # height and width: the VAE's 16× spatial downsampling × the DiT's 2×2 patches
-TINY_SIM_RESOLUTION = (96, 160)  # --world sim / generate with the tiny random networks
-
-
-@dataclasses.dataclass(frozen=True)
-class Weights:
-    """Which networks a command runs: directories (None, None: the tiny random ones)."""
-    dit: str | None
-    vae: str | None
-    spec: student_lib.StudentSpec | None  # a student's serving layout (None: the demo's tiny rolling one)
-    label: str  # for summaries
-
-    def resolution(self, fallback: tuple[int, int]) -> tuple[int, int]:
-        """The size the weights were trained at (a student's spec says), else `fallback`."""
-        return tuple(self.spec.resolution) if self.spec and self.spec.resolution else fallback
-
-
-def choose_weights(dit: str | None, vae: str | None, random_weights: bool = False) -> Weights:
-    """--dit/--vae when given; else the bundled student + autoencoder when present (one line on
-    stderr when not); `random_weights`: the tiny random networks, bundled weights or not."""
-    if random_weights:
-        if dit is not None or vae is not None:
-            raise errors.UsageError("--random-weights: not with --dit / --vae")
-        return Weights(None, None, None, "tiny random (--random-weights)")
-    if dit is None and vae is None:
-        bundled = student_lib.find_bundled()
-        if bundled is None:
-            print(student_lib.absent_message(), file=sys.stderr)
-            return Weights(None, None, None, "tiny random (no bundled weights)")
-        return Weights(bundled.student, bundled.autoencoder, bundled.spec, "bundled student")
-    spec = student_lib.read_spec(dit) if dit is not None and os.path.isdir(dit) else None
-    return Weights(dit, vae, spec, "student" if spec else "converted")
-
-
-def check_resolution(height: int, width: int, flag: str = "--resolution") -> None:
-    if height < 1 or width < 1 or height % PIXEL_MULTIPLE or width % PIXEL_MULTIPLE:
-        near = lambda n: max(PIXEL_MULTIPLE, round(n / PIXEL_MULTIPLE) * PIXEL_MULTIPLE)  # noqa: E731
-        raise errors.UsageError(f"{flag} {height}x{width}: height and width must be multiples of {PIXEL_MULTIPLE} "
-                                "(the VAE's 16x downsampling times the DiT's 2x2 patches)",
-                                fix=f"e.g. {flag} {near(height)}x{near(width)}")
-
-
-def check_model_flags(*, dit: str | None, vae: str | None, fp8: bool = False, fp8_scales: str | None = None,
-                      vae_fp8_scales: str | None = None, tae: str | None = None, text: str | None = None) -> None:
-    """The weight flags the demo and `generate` share: consistent, and their files there."""
-    if (dit is None) != (vae is None):
-        raise errors.UsageError("--dit / --vae: give both, or neither (tiny random models)")
-    if fp8_scales is not None and not fp8:
-        raise errors.UsageError("--fp8-scales needs --fp8")
-    if vae_fp8_scales is not None and vae is None:
-        raise errors.UsageError("--vae-fp8-scales needs --vae (the demo's tiny VAE has no convs the FP8 kernel takes)")
-    for flag, path in (("--dit", dit), ("--vae", vae), ("--fp8-scales", fp8_scales),
-                       ("--vae-fp8-scales", vae_fp8_scales), ("--tae", tae), ("--text", text)):
-        if path is not None:
-            errors.existing(path, flag)
-
-
-def read_reference(path: Path) -> np.ndarray:
-    """A reference picture as (H, W, 3) uint8; an InputError naming the file otherwise."""
-    errors.existing(path, "reference image", kind="file")
-    try:
-        image = read_png(path)
-    except Exception as e:  # imageio raises many types for a file that is not a picture
-        raise errors.InputError(f"{path}: not a readable image ({type(e).__name__})") from None
-    if image.ndim != 3 or image.shape[-1] != 3:
-        raise errors.InputError(f"{path}: an RGB picture is needed, got shape {image.shape}")
-    return image
 
 
 def reference_scene(height: int = 480, width: int = 832, seed: int = 0) -> np.ndarray:
@@ -141,85 +71,6 @@ def write_bundled_sample(directory: Path = SAMPLE_DIR, num_frames: int = 81) -> 
     directory.mkdir(parents=True, exist_ok=True)
     streams.write(directory / STREAM_FILE, synthetic_stream(num_frames))
     save_png(directory / IMAGE_FILE, reference_scene())
-
-
-def build_dit(dit_dir: str | None, seed: int):
-    """The DiT: converted/official weights, or the demo's tiny random one (matching tiny VAE latents)."""
-    if dit_dir is not None:
-        return load_dit(dit_dir)
-    z_dim = WanVAEConfig.tiny().z_dim
-    return init_dit(WanDiTConfig.tiny(control="add-plus", in_channels=z_dim, out_channels=z_dim, control_channels=z_dim),
-                    seed)
-
-
-def build_modules(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
-                  fp8_scales: str | None = None, vae_fp8_scales: str | None = None):
-    """(DiT, VAE): converted weights, or tiny random ones. `fp8`: the DiT's block linears
-    quantized to FP8 (`models.fp8.quantize_dit`; serving only); `fp8_scales`: with the static
-    activation scales of this file (`serve.py calibrate-fp8`). `vae_fp8_scales`: the VAE decoder's
-    convs in FP8 with these static scales (`serve.py calibrate-vae-fp8`; `vae_fp8.load_static`)."""
-    check_model_flags(dit=dit_dir, vae=vae_dir, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
-    dit = build_dit(dit_dir, seed)
-    vae = load_vae(vae_dir) if vae_dir is not None else init_vae(WanVAEConfig.tiny(), seed)
-    if fp8:
-        dit = quantize_dit(dit)
-        if fp8_scales is not None:
-            dit = with_static_scales(dit, load_scales(fp8_scales))
-    if vae_fp8_scales is not None:
-        from rynn_jax.kernels import vae_fp8
-
-        vae = vae_fp8.load_static(vae, vae_fp8_scales)
-    return dit, vae
-
-
-def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp8: bool = False,
-                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> WorldModel:
-    return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                     vae_fp8_scales=vae_fp8_scales))
-
-
-def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool = False,
-                      fp8_scales: str | None = None, vae_fp8_scales: str | None = None, tae: str | None = None,
-                      random_weights: bool = False):
-    """The causal student as a `StreamingSession` (not compiled yet), on the weights
-    `choose_weights` picks: a student streams in the layout it was distilled for (its
-    `student.json`), other networks in 2-frame blocks with a 4-frame rolling cache. Layers are
-    unrolled for loaded weights only (faster serving, slower compiles: the tiny random model's short
-    rollouts are dominated by compile time). `tae`: an official taew2_2 checkpoint decodes instead
-    of the VAE."""
-    return session_for(choose_weights(dit, vae, random_weights), seed, fp8=fp8, fp8_scales=fp8_scales,
-                       vae_fp8_scales=vae_fp8_scales, tae=tae)
-
-
-def session_for(w: Weights, seed: int, *, fp8: bool = False, fp8_scales: str | None = None,
-                vae_fp8_scales: str | None = None, tae: str | None = None):
-    """`streaming_session` on weights already chosen (`choose_weights`)."""
-    dit_model, vae_model = build_modules(w.dit, w.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
-                                         vae_fp8_scales=vae_fp8_scales)
-    decoder = None
-    if tae:
-        from rynn_jax.models.tae_weights import load_tae
-
-        decoder = load_tae(tae)
-    return serving_session(dit_model, vae_model, spec=w.spec, decoder=decoder, unroll_layers=w.dit is not None)
-
-
-def serving_session(dit_model, vae_model, *, spec: student_lib.StudentSpec | None = None, decoder=None,
-                    unroll_layers: bool = True):
-    """The demo's and `serve.py generate`'s `StreamingSession` around built modules, with the
-    served step (`SERVING_STEPS`): a student's own layout (`spec`: blocks, cache, steps, chunk
-    re-anchoring), else 2-frame blocks, a 4-frame rolling cache, no re-anchoring."""
-    from rynn_jax.models import causal
-    from rynn_jax.teleop.streaming import SERVING_STEPS, StreamingSession
-
-    if spec is None:
-        return StreamingSession(dit_model, vae_model, causal.CausalConfig(frames_per_block=2, window_frames=4,
-                                                                          policy="rolling"),
-                                SERVING_STEPS, chunk_frames=None, unroll_layers=unroll_layers, decoder=decoder)
-    steps = dataclasses.replace(SERVING_STEPS, num_steps=spec.steps.num_steps, shift=spec.steps.shift,
-                                solver=spec.steps.solver, merge_clean_pass=spec.steps.solver == "x0_euler")
-    return StreamingSession(dit_model, vae_model, spec.causal, steps, chunk_frames=spec.chunk_frames,
-                            unroll_layers=unroll_layers, decoder=decoder)
 
 
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
@@ -246,8 +97,6 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     check_resolution(height, width, "--resolution" if resolution else f"{sample_dir / IMAGE_FILE}: size")
     errors.writable_dir(out, "--out")
     if (height, width) != reference.shape[:2]:
-        from rynn_jax.teleop.generate import fit_image
-
         reference = fit_image(reference, height, width)
     timings: dict[str, float] = {}
     bar = tqdm(total=5, desc="digital teleop", unit="stage")
@@ -283,8 +132,6 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
     stage("world model")
     if weights.spec is not None:
-        from rynn_jax.teleop.generate import rollout
-
         sampling = {"student": student_lib.StudentSpec.to_json(weights.spec)}
         video = rollout(model, reference[None], skeleton[None], np.asarray(context)[None], jax.random.key(seed))[0]
     else:
@@ -330,7 +177,6 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     check_resolution(height, width)
     from rynn_jax.sim import episode as sim_episode
     from rynn_jax.sim import scenes
-    from rynn_jax.teleop.streaming import StreamingSession
 
     if task not in scenes.TASKS:
         raise errors.UsageError(f"--task {task}: unknown", fix=f"choose from {', '.join(scenes.TASKS)}")
@@ -404,20 +250,10 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
 def psnr_vs_truth(video: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """Mean PSNR (dB) of frames 1.. (frame 0 is the given reference) against the ground truth, and
     of the copy-first-frame baseline (a world model that never moves), by the evaluation's metric."""
-    from rynn_jax.eval import metrics
-
     if len(video) < 2:
         return {}
     mean = lambda pred: round(metrics.video_mean(metrics.psnr(pred, truth), skip_first=True), 3)  # noqa: E731
     return {"psnr_vs_truth_db": mean(video), "copy_first_frame_psnr_db": mean(np.repeat(truth[:1], len(truth), 0))}
-
-
-def height_width(text: str) -> tuple[int, int]:
-    """argparse type for --resolution: "HxW" → (H, W)."""
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"expected HxW such as 96x160, got {text!r}")
-    return int(parts[0]), int(parts[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -439,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world", default="sample", choices=["sample", "sim"],
                    help="sample: the bundled stream + image; sim: generate a MuJoCo episode (rynn_jax.sim)")
     p.add_argument("--task", default="dual_pick", help="--world sim: dual_pick, push_block, bimanual_lift, lid_placement")
-    p.add_argument("--resolution", default=None, type=height_width,
+    p.add_argument("--resolution", default=None, type=errors.height_width,
                    help="HxW, multiples of 32 (default: the bundled student's 128x224; with tiny random "
                         "networks 96x160 for --world sim, the reference picture's size (480x832) for the sample)")
     p.add_argument("--episode-frames", type=int, default=None,

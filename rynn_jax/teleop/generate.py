@@ -3,7 +3,7 @@
     python serve.py generate --streams DIR --out DIR [--batch 4] [--frames 81] [--dit DIR --vae DIR]
                              [--format robot|lerobot|rlds]
 
-Weights: `--dit/--vae`, else the bundled student + autoencoder (`teleop.student`) at the
+Weights: `--dit/--vae`, else the bundled student + autoencoder (`serving.student`) at the
 resolution they were trained for, else (absent, or `--random-weights`) tiny random networks.
 
 Input: every directory under `--streams` that holds `operator_stream.npz` (a recorded
@@ -51,7 +51,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -60,7 +59,6 @@ import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -70,34 +68,23 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from rynn_jax import compile_cache, errors
+from rynn_jax.atomic import atomic_dir
 from rynn_jax.data import robot as robot_data
-from rynn_jax.data import video as video_lib
 from rynn_jax.data.formats import export as formats_export
-from rynn_jax.data.preencode import TextEmbeddingStore
+from rynn_jax.data.robot import vectors
 from rynn_jax.kinematics import layout, streams
-from rynn_jax.kinematics.cli import retarget_stream
+from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_video
-from rynn_jax.atomic import atomic_dir
-from rynn_jax.sim.export import vectors, write_action_stats
-from rynn_jax.teleop.demo import (
-    IMAGE_FILE,
-    STREAM_FILE,
-    TINY_SIM_RESOLUTION,
-    check_model_flags,
-    check_resolution,
-    choose_weights,
-    height_width,
-    read_reference,
-    session_for,
-)
-from rynn_jax.teleop.session import hands_in_camera, video_times
-from rynn_jax.text import empty_context, load_text_context, pad_context
-from rynn_jax.text_encoder import TextEncoder, load_text_encoder
+from rynn_jax.serving.assemble import TINY_SIM_RESOLUTION, check_model_flags, check_resolution, choose_weights, session_for
+from rynn_jax.serving.clip import episode_key, fit_image, noise_id, rollout
+from rynn_jax.serving.prompts import text_contexts
+from rynn_jax.serving.session import StreamingSession
+from rynn_jax.sim.robot_shards import write_action_stats
+from rynn_jax.teleop.camera_hands import hands_in_camera, video_times
+from rynn_jax.teleop.inputs import IMAGE_FILE, STREAM_FILE, read_reference
+from rynn_jax.text_encoder import load_text_encoder
 from rynn_jax.tokenizer import find_tokenizer
-
-if TYPE_CHECKING:
-    from rynn_jax.teleop.streaming import StreamingSession
 
 FAILURES_FILE, SUMMARY_FILE, CONTROL_VIDEO = "failures.json", "generation.json", "skeleton.mp4"
 # What makes one stream unusable (its episode is skipped and reported; the batch goes on).
@@ -129,19 +116,6 @@ def find_streams(root: Path) -> list[Path]:
     return [d for d in found if not d.name.endswith(".tmp")]
 
 
-def fit_image(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Resize and centre-crop a reference view to the generation resolution, as the data pipeline
-    treats training frames (`data.video.crop_geometry`)."""
-    h, w = image.shape[:2]
-    if (h, w) == (height, width):
-        return image
-    g = video_lib.crop_geometry(w, h, width, height)
-    resized = jax.image.resize(jnp.asarray(image, jnp.float32), (g.resized_h, g.resized_w, 3), "linear",
-                               antialias=True)
-    crop = resized[g.y0:g.y0 + height, g.x0:g.x0 + width]
-    return np.asarray(jnp.clip(jnp.round(crop), 0, 255)).astype(np.uint8)
-
-
 def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, context: Callable[[str], np.ndarray],
             image: np.ndarray | None = None, task_description: str | None = None) -> Prepared:
     """Read, check, render and retarget one stream; `context(prompt)` gives its text context.
@@ -166,69 +140,6 @@ def prepare(directory: Path, name: str, num_frames: int, rcfg: RenderConfig, con
     return Prepared(name, stream, image, skeleton, joints.astype(np.float32), elbows.astype(np.float32),
                     valid, retargeted["actions"][:num_frames].astype(np.float32), prompt, ctx, t,
                     retargeted["ik_pos_err"][:num_frames])
-
-
-def text_contexts(text: str | None, text_embeddings: str | None, text_len: int,
-                  text_dim: int, text_encoder: TextEncoder | None = None) -> Callable[[str], np.ndarray]:
-    """Prompt → (text_len, text_dim) context: one embedding file for all (`text`), the prompt's
-    `<sha256(prompt)>.safetensors` in a directory (`text_embeddings`, the pre-encoder's naming;
-    a missing one fails that stream), the prompt encoded by `text_encoder` (once per prompt), or
-    the all-zero context."""
-    if text and text_embeddings:
-        raise errors.UsageError("--text / --text-embeddings: give one, not both")
-    if text_encoder is not None:
-        if text or text_embeddings:
-            raise errors.UsageError("--text-encoder: encodes the prompts itself, not with --text / --text-embeddings")
-        if text_encoder.dim != text_dim:
-            raise errors.UsageError(f"--text-encoder: its embeddings are {text_encoder.dim} wide, the DiT reads "
-                                    f"{text_dim}")
-        return functools.lru_cache(maxsize=None)(lambda prompt: pad_context(text_encoder(prompt), text_len))
-    if text_embeddings:
-        store = TextEmbeddingStore(text_embeddings, missing="error", text_dim=text_dim, text_len=text_len)
-        return lambda prompt: pad_context(store(prompt), text_len)
-    ctx = load_text_context(text, text_len, text_dim) if text else empty_context(text_len, text_dim)
-    return lambda prompt: ctx
-
-
-def episode_key(seed: int, name: str) -> jax.Array:
-    """Episode `name`'s noise key: `--seed` with 31 bits of sha256(name) folded in."""
-    return jax.random.fold_in(jax.random.key(seed), noise_id(name))
-
-
-def noise_id(name: str) -> int:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-@jax.jit
-def _to_unit(frames_uint8: jax.Array) -> jax.Array:
-    """8-bit RGB → [-1, 1] float32, on the device (a quarter of the bytes cross the bus)."""
-    return frames_uint8.astype(jnp.float32) / 127.5 - 1.0
-
-
-@jax.jit
-def _to_uint8(frames: jax.Array) -> jax.Array:
-    return jnp.clip(jnp.round((frames + 1.0) * 127.5), 0, 255).astype(jnp.uint8)
-
-
-def rollout(session, images_bhw3: np.ndarray, skeleton_bthw3: np.ndarray, ctx_bsk: jax.Array,
-            key: jax.Array) -> np.ndarray:
-    """Stream one batch through the session → (B, T, H, W, 3) uint8 for the T skeleton frames: the
-    last block's missing skeleton frames repeat frame T − 1 and its extra output frames are dropped.
-    `key`: one key, or (B,) keys, one per sample. The 8-bit frames are converted on the device,
-    where the session takes them without a host-side check (they are our own renders), and the
-    blocks are read back once at the end."""
-    session.start(np.asarray(images_bhw3, np.float32) / 127.5 - 1.0, ctx_bsk, key)
-    out, used, total = [], 0, skeleton_bthw3.shape[1]
-    while used < total:
-        n = session.frames_needed
-        block = skeleton_bthw3[:, used:used + n]
-        if block.shape[1] < n:  # the last block: hold the last pose
-            block = np.concatenate([block, np.repeat(block[:, -1:], n - block.shape[1], axis=1)], axis=1)
-        out.append(_to_uint8(session.step(_to_unit(block))))
-        used += n
-        if len(out) > 1:  # at most two blocks queued: other threads' device work (renders) gets in between
-            out[-2].block_until_ready()
-    return np.concatenate([np.asarray(o) for o in out], axis=1)[:, :total]
 
 
 def write_episode(ep: Prepared, video: np.ndarray, directory: Path, meta: dict) -> Path:
@@ -280,7 +191,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     `StreamingSession` to use instead of building one from `dit`, `vae`, `fp8…` and `tae`.
     `text_encoder`: a umT5 checkpoint encoding each stream's prompt (`tokenizer`: its
     SentencePiece model, default the one beside it). `height`/`width` default to the student's
-    training size (tiny random networks: 96×160); `random_weights`: see `demo.choose_weights`."""
+    training size (tiny random networks: 96×160); `random_weights`: see `serving.assemble.choose_weights`."""
     # Every flag and shared file checked before anything is built or compiled.
     if batch < 1 or num_frames < 1:
         raise errors.UsageError(f"--batch {batch} / --frames {num_frames}: must be ≥ 1")
@@ -437,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output root (robot episode layout; re-run to resume)")
     p.add_argument("--batch", type=int, default=1, help="streams generated together in one batched session")
     p.add_argument("--frames", type=int, default=33, help="video frames per episode")
-    p.add_argument("--resolution", default=None, type=height_width,
+    p.add_argument("--resolution", default=None, type=errors.height_width,
                    help="HxW of the generated video (default: the bundled student's 128x224; tiny random "
                         "networks 96x160; 480x832 for the released models)")
     p.add_argument("--image", default=None, help="one reference picture for every stream (else each dir's reference.png)")

@@ -15,7 +15,7 @@ Loss: L1 + MSE on pixels of the unclamped reconstruction, plus `kl_weight` · KL
 autoencoders that serve video diffusion; the latent scale the KL term would pin down is instead
 set by the export, which normalizes by the measured per-channel statistics).
 
-Export: parameters in `export_dtype` (bfloat16) + config.json (rynn_jax.checkpoints layout) whose
+Export: parameters in `export_dtype` (bfloat16) + config.json (rynn_jax.converted_weights layout) whose
 latents_mean/std are the per-channel mean/std of the posterior means over `data.stats_clips`
 training clips, measured with the exported weights, so the DiT sees ~unit-variance latents; then
 the held-out PSNR of the exported model, whole clip and streaming (`heldout.json`).
@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rynn_jax import checkpoints, errors
+from rynn_jax import converted_weights, errors
 from rynn_jax.atomic import is_partial_dir
 from rynn_jax.data import pipeline as pipeline_lib
 from rynn_jax.data import video as video_lib
@@ -408,7 +408,7 @@ def export(cfg: AutoencoderTrainConfig, params: nnx.State, out_dir: str) -> dict
     export_cfg = dataclasses.replace(export_cfg, latents_mean=tuple(map(float, mean)),
                                      latents_std=tuple(map(float, std)))
     pure = jax.tree.map(np.asarray, nnx.to_pure_dict(stored))
-    checkpoints.save_params(out_dir, pure, export_cfg)
+    converted_weights.save_params(out_dir, pure, export_cfg)
     size = sum(x.nbytes for x in jax.tree.leaves(pure))
     summary = {"parameters": int(sum(x.size for x in jax.tree.leaves(pure))), "bytes": int(size),
                "latents_mean": list(export_cfg.latents_mean), "latents_std": list(export_cfg.latents_std)}

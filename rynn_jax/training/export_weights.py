@@ -5,7 +5,7 @@
 
 Takes the newest readable step of the run, uses the EMA weights (unless `--raw` or the run kept
 none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch included)
-in the `rynn_jax.checkpoints` layout that `load_dit` and `ckpt.init_from` read; an add-plus model's
+in the `rynn_jax.converted_weights` layout that `load_dit` and `ckpt.init_from` read; an add-plus model's
 running statistics go beside the weights in `control_stats.json` (models/control.py), which
 `load_dit`, `ckpt.init_from` and distillation's teacher read back.
 """
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rynn_jax import checkpoints, errors, sharding
+from rynn_jax import converted_weights, errors, sharding
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import control
 from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim, preflight
@@ -65,7 +65,7 @@ def write_dit_dir(out_dir: str, pure: dict, model_cfg, stats, extra: Callable[[s
     beside them, and whatever `extra(tmp_dir)` adds."""
     model_cfg = dataclasses.replace(model_cfg, param_dtype="float32")
     with atomic_dir(out_dir) as tmp:
-        checkpoints.save_params(tmp, pure, model_cfg)
+        converted_weights.save_params(tmp, pure, model_cfg)
         if model_cfg.control == "add-plus":
             control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(stats), model_cfg)
         if extra is not None:

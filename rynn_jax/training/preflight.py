@@ -21,17 +21,17 @@ SHAPE_FIELDS = ("dim", "num_layers", "num_heads", "ffn_dim", "freq_dim", "in_cha
 
 def check_converted_weights(path: str, field: str, model: Any) -> None:
     """`path` is a `rynn_jax.convert` output whose DiT has `model`'s parameter shapes."""
-    from rynn_jax import checkpoints
+    from rynn_jax import converted_weights
     from rynn_jax.models.dit import WanDiTConfig
 
     errors.existing(path, field, kind="directory")
-    if not checkpoints.is_converted_dir(path):
-        raise errors.InputError(f"{field} {path}: not a converted model directory (no {checkpoints.PARAMS_DIR}/ "
-                                f"and {checkpoints.CONFIG_FILE})", fix="make one with python -m rynn_jax.convert")
+    if not converted_weights.is_converted_dir(path):
+        raise errors.InputError(f"{field} {path}: not a converted model directory (no {converted_weights.PARAMS_DIR}/ "
+                                f"and {converted_weights.CONFIG_FILE})", fix="make one with python -m rynn_jax.convert")
     try:
-        have = checkpoints.load_config(path, WanDiTConfig)
+        have = converted_weights.load_config(path, WanDiTConfig)
     except (ValueError, TypeError, OSError) as e:
-        raise errors.InputError(f"{field} {path}: unreadable {checkpoints.CONFIG_FILE} ({e})") from None
+        raise errors.InputError(f"{field} {path}: unreadable {converted_weights.CONFIG_FILE} ({e})") from None
     diff = [f"{k} {getattr(have, k)} (config {getattr(model, k)})" for k in SHAPE_FIELDS
             if getattr(have, k) != getattr(model, k)]
     if diff:
@@ -77,8 +77,8 @@ def check(cfg: Any) -> None:
         model = cfg.model.base if isinstance(cfg.model, WanDiT4DConfig) else cfg.model
         check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", model)
     if getattr(cfg, "phase", "") == "dmd" and cfg.student_from:
-        from rynn_jax import checkpoints
-        if checkpoints.is_converted_dir(cfg.student_from):  # exported student weights
+        from rynn_jax import converted_weights
+        if converted_weights.is_converted_dir(cfg.student_from):  # exported student weights
             check_converted_weights(cfg.student_from, "student_from", cfg.model)
         else:  # a phase-A run
             check_checkpoint_dir(cfg.student_from, "student_from")

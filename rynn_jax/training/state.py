@@ -23,11 +23,11 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from rynn_jax import sharding
-from rynn_jax.weights import flatten_params, unflatten_params
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
 from rynn_jax.models.dit4d import WanDiT4D, WanDiT4DConfig
 from rynn_jax.training import lora
 from rynn_jax.training.config import TrainConfig, World4DLossConfig
+from rynn_jax.weights import flatten_params, unflatten_params
 
 
 @flax.struct.dataclass
@@ -115,15 +115,15 @@ def create_train_state(cfg: TrainConfig, tx: optax.GradientTransformation, mesh:
 
 def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> TrainState:
     """Overwrite the base-model parameters (in `params` and `frozen`) with converted weights at
-    `path` (rynn_jax.checkpoints layout: a plain WanDiT), restored straight into their shardings.
+    `path` (rynn_jax.converted_weights layout: a plain WanDiT), restored straight into their shardings.
     LoRA keeps base paths, so they match; adapters and a control branch the checkpoint lacks keep
     their init. The EMA restarts from the loaded params; an add-plus model's running statistics
     come from its control_stats.json when it has one."""
-    from rynn_jax import checkpoints  # orbax, only when used
+    from rynn_jax import converted_weights  # orbax, only when used
     from rynn_jax.models import control
     from rynn_jax.models.dit import abstract_dit
 
-    ckpt_cfg = checkpoints.load_config(path, WanDiTConfig)
+    ckpt_cfg = converted_weights.load_config(path, WanDiTConfig)
     want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
     have = {**_flat(nnx.to_pure_dict(state.params)), **_flat(nnx.to_pure_dict(state.frozen))}
     have_sh = {**_flat(nnx.to_pure_dict(shardings.params)), **_flat(nnx.to_pure_dict(shardings.frozen))}
@@ -132,7 +132,7 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     bad = sorted(".".join(map(str, k)) for k in want if at(k) not in have or have[at(k)].shape != want[k].shape)
     if bad:
         raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
-    restored = _flat(checkpoints.restore_params(
+    restored = _flat(converted_weights.restore_params(
         path, unflatten_params(want), shardings=unflatten_params({k: have_sh[at(k)] for k in want})))
     if world4d:  # the paper's init: depth and flow start as copies of RGB
         from rynn_jax.models.dit4d_weights import clone_rgb

@@ -1,4 +1,5 @@
-"""Our own parameter checkpoints (orbax), written once by the converter so later loads are fast.
+"""Converted-weights directories (orbax): written once by the converter and the exporters, so later
+loads are fast. (Training state checkpoints are `training/checkpointing.py`.)
 
 A converted model directory holds `params/` (an orbax StandardCheckpointer tree of the pure param
 dict) and `config.json` (the dataclass config it was built with). Restores go straight to the

@@ -33,14 +33,13 @@ import pyarrow.parquet as pq
 
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.data import robot as robot_data
-from rynn_jax.data.robot import vectors
+from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE, SEG_FILE, vectors
 from rynn_jax.kinematics import layout, streams
 from rynn_jax.render.preview import save_video
 from rynn_jax.sim import scenes
 from rynn_jax.sim.episode import FPS, Episode
 
 STREAM_FILE, CONTROL_VIDEO = "operator_stream.npz", "skeleton.mp4"
-DEPTH_FILE, FLOW_FILE, SEG_FILE = "depth.npz", "flow.npz", "segmentation.npz"
 
 
 def episode_dir(root: str | os.PathLike, task: str, attempt: int) -> Path:
@@ -104,20 +103,3 @@ def write_action_stats(root: str | os.PathLike) -> dict:
     tmp.write_text(json.dumps(stats))
     os.replace(tmp, Path(root) / robot_data.STATS_FILE)
     return stats
-
-
-def read_ground_truth(directory: str | os.PathLike, missing_ok: bool = False) -> dict[str, np.ndarray]:
-    """Depth (metres, float32), flow (float32), segmentation labels and names of an exported episode.
-    `missing_ok`: leave out the kinds whose file is absent (a copy without depth/flow) instead of raising."""
-    d = Path(directory)
-    gt: dict[str, np.ndarray] = {}
-    if not missing_ok or (d / DEPTH_FILE).exists():
-        with np.load(d / DEPTH_FILE) as z:
-            gt["depth"] = z["depth_mm"].astype(np.float32) / 1000.0
-    if not missing_ok or (d / FLOW_FILE).exists():
-        with np.load(d / FLOW_FILE) as z:
-            gt["flow"] = z["flow"].astype(np.float32)
-    if not missing_ok or (d / SEG_FILE).exists():
-        with np.load(d / SEG_FILE) as z:
-            gt["labels"], gt["names"] = z["labels"], [str(n) for n in z["names"]]
-    return gt

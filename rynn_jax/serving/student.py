@@ -4,11 +4,11 @@ An exported student (`python -m rynn_jax.distill.export`) is a converted-weights
 `load_dit`'s layout, with its control statistics) plus `student.json`, the serving layout it was
 distilled for: cache blocks and length, denoising steps, chunk length (re-anchoring), and the
 pixel resolution of the latents it was trained on. `StreamingSession` built from it
-(`teleop.demo.serving_session`) streams exactly what distillation trained.
+(`serving.assemble.serving_session`) streams exactly what distillation trained.
 
 The bundled weights: `<repo>/weights/synthetic/{student,autoencoder}` (or under `$RYNN_JAX_WEIGHTS`),
 the synthetic world's student and autoencoder, used by `serve.py demo`, `serve.py generate` and
-`demo.streaming_session` when no `--dit/--vae` is given.
+`assemble.streaming_session` when no `--dit/--vae` is given.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import json
 import os
 from pathlib import Path
 
-from rynn_jax import checkpoints
+from rynn_jax import converted_weights
 from rynn_jax.models.causal import CausalConfig
-from rynn_jax.teleop.streaming import StepConfig
+from rynn_jax.serving.block_step import StepConfig
 
 SPEC_FILE = "student.json"
 WEIGHTS_ENV = "RYNN_JAX_WEIGHTS"  # a directory holding student/ and autoencoder/ (tests, other checkouts)
@@ -78,7 +78,7 @@ def find_bundled(root: str | os.PathLike[str] | None = None) -> Bundled | None:
     either is missing."""
     root = Path(root) if root is not None else weights_root()
     student, autoencoder = root / "student", root / "autoencoder"
-    if not (checkpoints.is_converted_dir(student) and checkpoints.is_converted_dir(autoencoder)):
+    if not (converted_weights.is_converted_dir(student) and converted_weights.is_converted_dir(autoencoder)):
         return None
     spec = read_spec(student)
     if spec is None:

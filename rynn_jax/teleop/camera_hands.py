@@ -121,5 +121,5 @@ def synthetic_stream(num_frames: int, seed: int = 0, fps: float = streams.VIDEO_
         tracker_t=t_trk, tracker_pose=poses, tracker_valid=np.ones((len(t_trk), 5), bool),
         hand_t=t_video, hand_keypoints=hand_kp.astype(np.float32),
         hand_valid=np.ones((num_frames, 2), bool),
-        meta={"T_world_camera": t_world_cam.tolist(), "source": "rynn_jax.teleop.session.synthetic_stream",
+        meta={"T_world_camera": t_world_cam.tolist(), "source": "rynn_jax.teleop.camera_hands.synthetic_stream",
               "seed": seed})
