@@ -12,12 +12,12 @@ stride a 16×28 latent = 8×14 tokens per latent frame at patch 2 (81 frames →
 """
 
 from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.sim import recipe
 
-TRAIN_SEED = 0
-HELDOUT_SEED = 1_000_000
+TRAIN_SEED, HELDOUT_SEED = recipe.TRAIN_SEED, recipe.HELDOUT_SEED
 TRAIN_PER_TASK = 400  # successful training episodes per task (4 tasks)
 HELDOUT_PER_TASK = 12  # successful held-out episodes per task (48 in all)
-HEIGHT, WIDTH = 128, 224
+HEIGHT, WIDTH = recipe.RESOLUTION
 CLIP_FRAMES = 81  # 21 latent frames; the paper's clip length
 CLIP_STRIDE = 32  # clip starts 0 and 32 of a 113-frame episode
 TEXT_DIM, TEXT_LEN = 64, 4  # hashed per-task prompt embeddings (python -m rynn_jax.text)

@@ -69,6 +69,21 @@ class Bundled:
     spec: StudentSpec
 
 
+@dataclasses.dataclass(frozen=True)
+class BundledTeacher:
+    teacher: str  # converted DiT directory (bidirectional, with its control statistics)
+    autoencoder: str
+
+
+def find_bundled_teacher(root: str | os.PathLike[str] | None = None) -> BundledTeacher | None:
+    """The bundled teacher + autoencoder under `root` (default `weights_root()`), or None."""
+    root = Path(root) if root is not None else weights_root()
+    teacher, autoencoder = root / "teacher", root / "autoencoder"
+    if not (converted_weights.is_converted_dir(teacher) and converted_weights.is_converted_dir(autoencoder)):
+        return None
+    return BundledTeacher(str(teacher), str(autoencoder))
+
+
 def weights_root() -> Path:
     return Path(os.environ.get(WEIGHTS_ENV) or BUNDLED_ROOT)
 

@@ -15,7 +15,10 @@ control branch and the VAE) or by `rynn_jax.distill.export` (a student) for othe
 (scripted operator → stream → retarget → simulate → render), renders its skeleton video, and runs
 the causal student (`serving.session.StreamingSession`) from the episode's first frame; writes
 the generated, ground-truth and skeleton videos side by side and the 54-D actions, and reports the
-generated frames' PSNR against the ground truth (next to a copy of the first frame's).
+generated frames' PSNR against the ground truth (next to a copy of the first frame's). Until a
+student is bundled, the bundled teacher draws the clip there instead (bidirectional, all frames at
+once: the same sampler as `eval.py --model teacher`), so the video shows what the trained world model
+does rather than noise.
 """
 
 from __future__ import annotations
@@ -41,14 +44,17 @@ from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_png, save_video
 from rynn_jax.serving import student as student_lib
-from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, build_world_model, check_model_flags, check_resolution,
-                                       choose_weights, session_for)
+from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, Weights, build_world_model, check_model_flags,
+                                       check_resolution, choose_weights, session_for)
 from rynn_jax.serving.bidirectional import SamplingConfig
 from rynn_jax.serving.clip import fit_image, rollout
 from rynn_jax.serving.session import StreamingSession
 from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
-from rynn_jax.text import empty_context, load_text_context
+from rynn_jax.sim import recipe
+from rynn_jax.text import empty_context, hashed_embedding, load_text_context
+
+TEACHER = "bundled teacher"  # run_sim's label for the bundled teacher standing in for a student
 
 
 def reference_scene(height: int = 480, width: int = 832, seed: int = 0) -> np.ndarray:
@@ -161,20 +167,42 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     return summary
 
 
-def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: int = 0,
+def sim_weights(dit: str | None, vae: str | None, random_weights: bool = False) -> Weights:
+    """`choose_weights`, except that with no bundled student yet the bundled teacher (when present)
+    stands in for the tiny random networks: the synthetic world's demo then shows a trained model."""
+    if dit is None and vae is None and not random_weights and student_lib.find_bundled() is None:
+        bundled = student_lib.find_bundled_teacher()
+        if bundled is not None:
+            print(f"no bundled student yet: the bundled teacher ({bundled.teacher}) samples the clip "
+                  "bidirectionally instead of streaming it", file=sys.stderr)
+            return Weights(bundled.teacher, bundled.autoencoder, None, TEACHER)
+    return choose_weights(dit, vae, random_weights)
+
+
+def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: int = 0,
             height: int | None = None, width: int | None = None, episode_frames: int | None = None,
             dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None,
-            fp8_scales: str | None = None, vae_fp8_scales: str | None = None, random_weights: bool = False) -> dict:
-    """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame.
-    `height`/`width` default to the student's training size (the tiny networks: 96×160).
+            fp8_scales: str | None = None, vae_fp8_scales: str | None = None, random_weights: bool = False,
+            steps: int = 8) -> dict:
+    """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame
+    (the bundled teacher, until a student is bundled: `steps` sampler steps over 1 + 4k frames).
+    `height`/`width` default to the bundled weights' training size (the tiny networks: 96×160).
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
-    autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE."""
+    autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE.
+    Bundled weights were trained with the task's hashed prompt (`rynn_jax.text`) and get it here."""
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
-    weights = choose_weights(dit, vae, random_weights)
+    weights = sim_weights(dit, vae, random_weights)
+    teacher = weights.label == TEACHER
+    if teacher and tae is not None:
+        raise errors.UsageError("--tae: decodes a streamed student's rollout; the bundled teacher has none",
+                                fix="give --dit/--vae (with 48-channel latents) as well")
     if height is None or width is None:
-        height, width = weights.resolution(TINY_SIM_RESOLUTION)
+        height, width = recipe.RESOLUTION if teacher else weights.resolution(TINY_SIM_RESOLUTION)
     check_resolution(height, width)
+    if num_frames < 1 or (teacher and (num_frames - 1) % 4):
+        raise errors.UsageError(f"--frames {num_frames}: the teacher generates 1 + 4k frames",
+                                fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
     from rynn_jax.sim import episode as sim_episode
     from rynn_jax.sim import scenes
 
@@ -185,11 +213,21 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
     errors.writable_dir(out, "--out")
     timings: dict[str, float] = {}
 
-    def world_model() -> tuple[StreamingSession, jax.Array]:
-        """Build the causal student and compile all its programs (`StreamingSession.compile`)."""
+    def context_for(dit_cfg) -> np.ndarray:
+        if weights.label.startswith("bundled"):
+            return hashed_embedding(scenes.DESCRIPTIONS[task], dit_cfg.text_len, dit_cfg.text_dim)
+        return empty_context(dit_cfg.text_len, dit_cfg.text_dim)
+
+    def world_model():
+        """Build the causal student and compile all its programs (`StreamingSession.compile`);
+        the teacher compiles on its first call."""
         t0 = time.perf_counter()
+        if teacher:
+            model = build_world_model(weights.dit, weights.vae, seed)
+            timings["world_model_build"] = time.perf_counter() - t0
+            return model, context_for(model.dit_cfg)
         sess = session_for(weights, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
-        context = empty_context(sess.dit_cfg.text_len, sess.dit_cfg.text_dim)[None]
+        context = context_for(sess.dit_cfg)[None]
         sess.compile((1, height, width, 3), context.shape)
         timings["world_model_build_compile"] = time.perf_counter() - t0
         return sess, context
@@ -208,22 +246,29 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
         bar.set_postfix_str("compile world model")
         session, ctx = pending.result()
     bar.update()
-    bar.set_postfix_str("causal rollout")
     t = time.perf_counter()
-    to_unit = lambda x: np.asarray(x, np.float32)[None] / 127.5 - 1.0  # noqa: E731
-    session.start(to_unit(ep.rgb[0]), ctx, jax.random.key(seed))
-    generated, used = [], 0
-    while used < min(num_frames, len(ep.rgb)):
-        n = session.frames_needed
-        if used + n > len(ep.skeleton_rgb):
-            break
-        rgb = session.step(to_unit(ep.skeleton_rgb[used:used + n]))
-        generated.append(np.asarray(rgb[0]))
-        used += n
+    if teacher:
+        bar.set_postfix_str(f"teacher: {steps} sampler steps")
+        n = 1 + 4 * ((min(num_frames, len(ep.rgb)) - 1) // 4)
+        video = session.generate(jax.random.key(seed), ep.rgb[0], ep.skeleton_rgb[:n], ctx,
+                                 SamplingConfig(num_steps=steps))
+        timings["teacher_sample_with_compile"] = time.perf_counter() - t
+    else:
+        bar.set_postfix_str("causal rollout")
+        to_unit = lambda x: np.asarray(x, np.float32)[None] / 127.5 - 1.0  # noqa: E731
+        session.start(to_unit(ep.rgb[0]), ctx, jax.random.key(seed))
+        generated, used = [], 0
+        while used < min(num_frames, len(ep.rgb)):
+            n = session.frames_needed
+            if used + n > len(ep.skeleton_rgb):
+                break
+            rgb = session.step(to_unit(ep.skeleton_rgb[used:used + n]))
+            generated.append(np.asarray(rgb[0]))
+            used += n
+        video = np.clip((np.concatenate(generated) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
+        timings["causal_rollout"] = time.perf_counter() - t
     bar.update()
     bar.close()
-    video = np.clip((np.concatenate(generated) + 1.0) * 127.5, 0, 255).round().astype(np.uint8)
-    timings["causal_rollout"] = time.perf_counter() - t
     n = len(video)
     truth, skeleton, actions = ep.rgb[:n], ep.skeleton_rgb[:n], ep.actions[:n]
     fps = int(streams.VIDEO_FPS)
@@ -231,6 +276,9 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 33, seed: i
                "episode_failures": ep.failures, "frames": n, "resolution": [height, width],
                "actions_shape": list(actions.shape), "weights": weights.label,
                **psnr_vs_truth(video, truth),
+               "sampling": ({"teacher": dataclasses.asdict(SamplingConfig(num_steps=steps))} if teacher
+                            else {"student": student_lib.StudentSpec.to_json(weights.spec)} if weights.spec
+                            else {"causal": "tiny rolling cache"}),
                "dit_fp8": fp8, "dit_fp8_activations": session.dit_cfg.fp8_activations if fp8 else None,
                "decoder": "tiny autoencoder" if tae else "vae",
                "ik_pos_err_mm_median": ep.info["ik_pos_err_mm_median"],
@@ -262,9 +310,12 @@ def main(argv: list[str] | None = None) -> None:
   python serve.py demo --resolution 96x160                # the bundled sample, small and fast
   python serve.py demo --dit weights/dit --vae weights/vae --frames 81   # converted weights""")
     p.add_argument("--out", default="outputs/demo", help="output directory (created)")
-    p.add_argument("--frames", type=int, default=17, help="video frames, 1 + 4k (81 = one paper chunk)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video frames, 1 + 4k (81 = one paper chunk; default 17, --world sim 49)")
     p.add_argument("--steps", type=int, default=8, help="sampler steps (the reference uses 50)")
-    p.add_argument("--seed", type=int, default=0, help="noise and tiny-model init")
+    p.add_argument("--seed", type=int, default=None,
+                   help="noise and tiny-model init; --world sim: also the episode's (default "
+                        f"{recipe.HELDOUT_SEED}, the synthetic recipes' first held-out seed; else 0)")
     p.add_argument("--sample", default=str(SAMPLE_DIR), help="directory with operator_stream.npz + reference.png")
     p.add_argument("--dit", default=None, help="converted DiT or exported student directory (default: the "
                    "bundled student, weights/synthetic/student, when present)")
@@ -299,10 +350,11 @@ def main(argv: list[str] | None = None) -> None:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
         height, width = a.resolution or (None, None)
-        summary = run_sim(Path(a.out), task=a.task, num_frames=a.frames, seed=a.seed, height=height, width=width,
+        summary = run_sim(Path(a.out), task=a.task, num_frames=49 if a.frames is None else a.frames,
+                          seed=recipe.HELDOUT_SEED if a.seed is None else a.seed, height=height, width=width,
                           episode_frames=a.episode_frames, dit=a.dit, vae=a.vae, fp8=a.fp8, tae=a.tae,
                           fp8_scales=a.fp8_scales, vae_fp8_scales=a.vae_fp8_scales,
-                          random_weights=a.random_weights)
+                          random_weights=a.random_weights, steps=a.steps)
         print(json.dumps(summary, indent=1))
         print(f"outputs in {os.path.abspath(a.out)}:\n"
               "  side_by_side.mp4  generated | ground truth | skeleton\n"
@@ -310,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
               f"  episode.npz       frames + {summary['actions_shape']} actions (54-D joint commands at 16 fps)\n"
               "  summary.json")
         return
-    summary = run(Path(a.out), num_frames=a.frames, steps=a.steps, seed=a.seed, sample_dir=Path(a.sample),
+    summary = run(Path(a.out), num_frames=17 if a.frames is None else a.frames, steps=a.steps, seed=a.seed or 0,
+                  sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales,
                   vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution, random_weights=a.random_weights)
     print(json.dumps(summary, indent=1))
