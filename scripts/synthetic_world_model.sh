@@ -13,7 +13,10 @@
 # seconds with SIGINT: it saves and exits), DISTILL_A_SECONDS / DISTILL_B_SECONDS (the same for the two
 # distillation phases), DISTILL_A_STEPS / DISTILL_B_STEPS (override total_steps), STUDENT_INIT (an
 # exported student phase B continues from, instead of phase A's run), CONFIG_SUFFIX ("_tiny" for the
-# CPU smoke run, e.g. configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length).
+# CPU smoke run, e.g. configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length),
+# DATA_SEED (first training seed, default TRAIN_SEED; a run that regenerates its data — a lent GPU
+# lease — can take fresh episodes with another, e.g. 100000 × n, as long as its attempts stay below
+# HELDOUT_SEED).
 # WORKDIR: where data/, weights/ and runs/ go (default: the repository).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,8 +42,12 @@ limited() {         # limited SECONDS CMD...: CMD, stopped after SECONDS (if set
 }
 
 stage_data() {      # training episodes (the generator interleaves the tasks: a run cut short is balanced)
-  log "data: $N_TRAIN per task"
-  $PY -m rynn_jax.sim.cli generate --task all --n "$N_TRAIN" --seed "$(const TRAIN_SEED)" --out "$TRAIN_DIR" \
+  local seed=${DATA_SEED:-$(const TRAIN_SEED)} heldout; heldout=$(const HELDOUT_SEED)
+  if [ "$seed" -lt 0 ] || [ $((seed + 3 * N_TRAIN + 5)) -ge "$heldout" ]; then   # 3N + 5: the attempt limit
+    echo "DATA_SEED=$seed: its attempts would reach the held-out seeds ($heldout and up)" >&2; exit 2
+  fi
+  log "data: $N_TRAIN per task from seed $seed"
+  $PY -m rynn_jax.sim.cli generate --task all --n "$N_TRAIN" --seed "$seed" --out "$TRAIN_DIR" \
       --workers "$WORKERS" --resolution "$RES" $FRAMES_ARG --compile-cache "$SIM_CACHE" > /dev/null || true   # short tasks: logged in summary.json
 }
 
