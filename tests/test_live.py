@@ -453,7 +453,8 @@ def test_a_bad_or_failing_sim_start_is_refused_and_other_sessions_go_on(live, mo
 @pytest.fixture(scope="module")
 def sim_session(live, sim):
     """One sim session with the replay: a burst of the scripted operator's first block (the replay
-    falls behind and skips), then three blocks' worth at real time."""
+    falls behind and skips), then three blocks' worth at real time, each waited for (so a loaded
+    machine skips no block: the later blocks carry the hands into view)."""
     _, url = live
     frames = protocol.frames_at(sim.stream, streams.VIDEO_FPS)[:FIRST + 3 * LATER]
 
@@ -464,9 +465,11 @@ def sim_session(live, sim):
             for f in frames[:FIRST]:
                 await c.frame(f)
             await c.until(lambda c: c.count("block") == 1)
-            for f in frames[FIRST:]:
-                await c.frame(f)
-                await asyncio.sleep(1 / streams.VIDEO_FPS)
+            for k in range(3):
+                for f in frames[FIRST + k * LATER:FIRST + (k + 1) * LATER]:
+                    await c.frame(f)
+                    await asyncio.sleep(1 / streams.VIDEO_FPS)
+                await c.until(lambda c: c.count("block") >= k + 2)
             await c.until(lambda c: any(s["ticks"] == len(frames) and s["replay_frames"] + s["replay_skipped"]
                                         == len(frames) for s in c.of("stats")))
             return c
