@@ -75,30 +75,32 @@ class BundledTeacher:
     autoencoder: str
 
 
-def find_bundled_teacher(root: str | os.PathLike[str] | None = None) -> BundledTeacher | None:
-    """The bundled teacher + autoencoder under `root` (default `weights_root()`), or None."""
-    root = Path(root) if root is not None else weights_root()
-    teacher, autoencoder = root / "teacher", root / "autoencoder"
-    if not (converted_weights.is_converted_dir(teacher) and converted_weights.is_converted_dir(autoencoder)):
-        return None
-    return BundledTeacher(str(teacher), str(autoencoder))
-
-
 def weights_root() -> Path:
     return Path(os.environ.get(WEIGHTS_ENV) or BUNDLED_ROOT)
+
+
+def _bundled_pair(root: str | os.PathLike[str] | None, network: str) -> tuple[str, str] | None:
+    """`root/network` and `root/autoencoder` (root default `weights_root()`) when both are
+    converted-weights directories, else None."""
+    root = Path(root) if root is not None else weights_root()
+    net, autoencoder = root / network, root / "autoencoder"
+    if not (converted_weights.is_converted_dir(net) and converted_weights.is_converted_dir(autoencoder)):
+        return None
+    return str(net), str(autoencoder)
 
 
 def find_bundled(root: str | os.PathLike[str] | None = None) -> Bundled | None:
     """The bundled student + autoencoder under `root` (default `weights_root()`), or None when
     either is missing."""
-    root = Path(root) if root is not None else weights_root()
-    student, autoencoder = root / "student", root / "autoencoder"
-    if not (converted_weights.is_converted_dir(student) and converted_weights.is_converted_dir(autoencoder)):
-        return None
-    spec = read_spec(student)
-    if spec is None:
-        return None
-    return Bundled(str(student), str(autoencoder), spec)
+    pair = _bundled_pair(root, "student")
+    spec = read_spec(pair[0]) if pair else None
+    return Bundled(*pair, spec) if spec is not None else None
+
+
+def find_bundled_teacher(root: str | os.PathLike[str] | None = None) -> BundledTeacher | None:
+    """The bundled teacher + autoencoder under `root` (default `weights_root()`), or None."""
+    pair = _bundled_pair(root, "teacher")
+    return BundledTeacher(*pair) if pair else None
 
 
 def absent_message(root: str | os.PathLike[str] | None = None) -> str:

@@ -49,9 +49,9 @@ from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, Weights, build_world
 from rynn_jax.serving.bidirectional import SamplingConfig
 from rynn_jax.serving.clip import fit_image, rollout
 from rynn_jax.serving.session import StreamingSession
+from rynn_jax.sim import recipe
 from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
-from rynn_jax.sim import recipe
 from rynn_jax.text import empty_context, hashed_embedding, load_text_context
 
 TEACHER = "bundled teacher"  # run_sim's label for the bundled teacher standing in for a student
@@ -79,6 +79,13 @@ def write_bundled_sample(directory: Path = SAMPLE_DIR, num_frames: int = 81) -> 
     save_png(directory / IMAGE_FILE, reference_scene())
 
 
+def check_clip_frames(num_frames: int) -> None:
+    """A clip sampled at once (bidirectionally) is 1 + 4k frames: the VAE's temporal stride."""
+    if num_frames < 1 or (num_frames - 1) % 4:
+        raise errors.UsageError(f"--frames {num_frames}: must be 1 + 4k (the VAE's temporal stride)",
+                                fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
+
+
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
         fp8_scales: str | None = None, vae_fp8_scales: str | None = None,
@@ -89,9 +96,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     `StreamingSession`; other DiTs sample the clip bidirectionally (`WorldModel`). Every input is
     read and checked before a model is built; the outputs appear together at the end (nothing on a
     failure)."""
-    if num_frames < 1 or (num_frames - 1) % 4:
-        raise errors.UsageError(f"--frames {num_frames}: must be 1 + 4k (the VAE's temporal stride)",
-                                fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
+    check_clip_frames(num_frames)
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, text=text)
     errors.existing(sample_dir, "--sample", kind="directory")
     stream = streams.read(sample_dir / STREAM_FILE)
@@ -200,9 +205,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     if height is None or width is None:
         height, width = recipe.RESOLUTION if teacher else weights.resolution(TINY_SIM_RESOLUTION)
     check_resolution(height, width)
-    if num_frames < 1 or (teacher and (num_frames - 1) % 4):
-        raise errors.UsageError(f"--frames {num_frames}: the teacher generates 1 + 4k frames",
-                                fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
+    if teacher:
+        check_clip_frames(num_frames)
     from rynn_jax.sim import episode as sim_episode
     from rynn_jax.sim import scenes
 
@@ -213,8 +217,10 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     errors.writable_dir(out, "--out")
     timings: dict[str, float] = {}
 
+    bundled = dit is None and weights.dit is not None  # no --dit given, weights found: the bundled ones
+
     def context_for(dit_cfg) -> np.ndarray:
-        if weights.label.startswith("bundled"):
+        if bundled:
             return hashed_embedding(scenes.DESCRIPTIONS[task], dit_cfg.text_len, dit_cfg.text_dim)
         return empty_context(dit_cfg.text_len, dit_cfg.text_dim)
 
