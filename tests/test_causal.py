@@ -116,7 +116,7 @@ def test_cached_rollout_equals_block_causal_forward(model, token_multiple):
 
 @pytest.mark.parametrize("forcing", [False, True])
 def test_blockwise_attention_equals_dense_mask(model, forcing):
-    """The mask-free block-by-block attention (the default off CPU) gives the dense-mask forward's
+    """The mask-free block-by-block attention (the default) gives the dense-mask forward's
     velocities and input gradients; 5 frames in blocks of 2, so the last block is short. The
     blockwise run uses a model that tail-pads its tokens (token_multiple=16: 10 → 16 tokens, 20 → 32
     with teacher forcing), so the pads are held to the unpadded reference too."""

@@ -50,8 +50,10 @@ def _batch(cfg: WanDiTConfig, b: int, f: int, hw: tuple[int, int], text_len: int
             "text_embedding": normal(b, text_len, cfg.text_dim)}
 
 
-def _loss_and_grad(model, batch: dict, fpb: int, blockwise: bool):
-    """Phase A's loss (warmup.warmup_loss with the attention path pinned) and its parameter gradient."""
+def _loss_and_grad(model, batch: dict, fpb: int, blockwise: bool | None):
+    """Phase A's loss (warmup.warmup_loss with the attention path pinned; None: the default path)
+    and its parameter gradient."""
+    path = {} if blockwise is None else {"blockwise": blockwise}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss_fn(params):
@@ -59,7 +61,7 @@ def _loss_and_grad(model, batch: dict, fpb: int, blockwise: bool):
         clean, noisy, t_bf, target = warmup.teacher_forcing_inputs(batch, jax.random.PRNGKey(0), 5.0)
         v = causal.block_causal_forward(m, clean, jnp.zeros_like(t_bf), batch["text_embedding"],
                                         batch["control_video_latents"], frames_per_block=fpb,
-                                        noisy_bthwc=noisy, noisy_t_bf=t_bf, blockwise=blockwise)
+                                        noisy_bthwc=noisy, noisy_t_bf=t_bf, **path)
         return jnp.square(v - target)[:, 1:].mean(), v
 
     fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
@@ -95,7 +97,7 @@ def test_blockwise_cudnn_matches_dense_xla_small():
     print("cuDNN custom calls:", sorted(targets))
     assert "__cudnn$fmhaSoftmax" in targets and "__cudnn$fmhaSoftmaxBackward" in targets, targets
     assert not any("Bias" in t for t in targets), targets
-    np.testing.assert_array_equal(np.asarray(v_default), np.asarray(v_c))  # blockwise is the GPU default
+    np.testing.assert_array_equal(np.asarray(v_default), np.asarray(v_c))  # blockwise is the default
 
     flat = lambda g: np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(g)])  # noqa: E731
     err = {"v_cudnn": rel_err(v_c, v_r), "v_xla": rel_err(v_x, v_r),

@@ -274,15 +274,16 @@ def blockwise_attention(attn: WanAttention, q_blnh: jax.Array, k_blnh: jax.Array
 def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx_bsk: jax.Array,
                          control_bthwc: jax.Array | None = None, *, frames_per_block: int,
                          noisy_bthwc: jax.Array | None = None, noisy_t_bf: jax.Array | None = None,
-                         blockwise: bool | None = None) -> jax.Array:
+                         blockwise: bool = True) -> jax.Array:
     """One forward of a whole chunk under the block-causal mask (absolute positions, no cache).
 
     With `noisy_bthwc` (teacher forcing, e.g. the causal flow-matching warm-up) the clean chunk
     `z_bthwc` is context and the velocity of the noisy copy is returned; else the velocity of z.
-    `blockwise` (default: on every backend but CPU) computes the attention block by block
-    (`blockwise_attention`: no mask, no masked-out logits); otherwise one attention call with the
-    dense (L, L) boolean mask, which is what CPU tests pin and fine at their sizes, but at 5B
-    (2 × 8190 tokens) would be 13 GB of logits per layer with XLA attention.
+    `blockwise` (the default) computes the attention block by block (`blockwise_attention`: no
+    mask, no masked-out logits); `blockwise=False` makes one attention call with the dense (L, L)
+    boolean mask, the reference the tests hold it to. Dense is fine at toy sizes, but at 5B
+    (2 × 8190 tokens) it would be 13 GB of logits per layer with XLA attention, and even on CPU at
+    the synthetic student's size (2 × 2,352 tokens) a teacher-forced step takes ≈ 4.5× as long.
 
     `cfg.token_multiple` tail-pads the whole sequence (2 × 8190 → 16384 with the 5B recipes' 16):
     the pads are no block's keys, and their own outputs are dropped before the head."""
@@ -297,8 +298,6 @@ def block_causal_forward(model: WanDiT, z_bthwc: jax.Array, t_bf: jax.Array, ctx
         t_bf = jnp.concatenate([t_bf, noisy_t_bf], axis=1)
         rope_cs = tuple(jnp.concatenate([a, a], axis=0) for a in rope_cs)  # same positions twice
     x_bld, rope_cs, pad = pad_tokens(x_bld, rope_cs, cfg.token_multiple)
-    if blockwise is None:
-        blockwise = jax.default_backend() != "cpu"
     spans = block_spans(f, tokens, frames_per_block)
     mask = None if blockwise else jnp.asarray(_padded_mask(block_causal_mask(f, tokens, frames_per_block, forcing),
                                                            pad))[None, None]

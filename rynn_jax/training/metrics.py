@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -31,10 +32,32 @@ def model_flops_per_token(cfg: WanDiTConfig | WanDiT4DConfig, num_tokens: int, t
     return float(dense + attn)
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record arrives, not the stream at set-up: a run
+    started in-process (tests, notebooks) must not keep a captured stream that is closed later."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
 def setup_logging() -> None:
     """INFO lines of the run (config, resume, saves) on stderr; libraries' INFO chatter (orbax's
-    per-save lines, absl) stays off."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    per-save lines, absl) stays off. Importing orbax installs a plain root StreamHandler bound to the
+    stderr of that moment (its module-level logging calls configure the root logger); that one is
+    replaced, other handlers (pytest's capture, an application's own) are left alone."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if type(h) is logging.StreamHandler or type(h) is _Stderr:
+            root.removeHandler(h)
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
     for name in ("absl", "orbax", "jax", "grain"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
