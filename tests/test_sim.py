@@ -217,3 +217,57 @@ def test_cli_generate_is_resumable(tmp_path):
     assert s2["new_attempts"] == 0 and s2["tasks"]["lid_placement"]["successes"] == 1
     assert (tmp_path / "sim" / "action_stats.json").exists()
     assert len(RobotSource(out, clips.ClipConfig(num_frames=81, height=64, width=112)).episodes()) == 1
+
+
+def _children(pid: int) -> set[int]:
+    """Live child processes of `pid` (from /proc; zombies excluded)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_cli_generate_workers_exit_when_the_parent_is_killed(tmp_path):
+    """SIGTERM to `generate` (a job killed by its scheduler) must not leave its workers simulating."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, workers = tmp_path / "sim", set()
+    proc = subprocess.Popen([sys.executable, "-m", "rynn_jax.sim.cli", "generate", "--task", "dual_pick",
+                             "--n", "20", "--workers", "2", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while not list(out.glob("dual_pick/.attempts/*.json")):  # workers are past their start-up
+            assert proc.poll() is None and time.time() < deadline, "no attempt finished"
+            time.sleep(0.5)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        deadline = time.time() + 30
+        while (alive := {p for p in workers if Path(f"/proc/{p}").exists() and _is_live(p)}) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not alive, f"workers still running after their parent was killed: {sorted(alive)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in workers | _children(proc.pid):  # orphans belong to init by now: kill what was seen
+            if _is_live(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def _is_live(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

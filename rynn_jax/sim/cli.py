@@ -18,9 +18,11 @@ import argparse
 import concurrent.futures as cf
 import json
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +36,22 @@ from rynn_jax.sim.resolutions import parse_resolution
 CACHE_ENV = "RYNN_JAX_SIM_COMPILE_CACHE"  # set by --compile-cache; spawned workers inherit it
 
 
+def _exit_with_parent() -> None:
+    """In a spawned worker: exit as soon as the parent process is gone. A parent killed by SIGTERM or
+    SIGKILL cannot shut its pool down, and orphaned workers would go on simulating for nobody."""
+    parent = mp.parent_process()
+    if parent is None or getattr(_exit_with_parent, "watching", False):
+        return
+    _exit_with_parent.watching = True
+
+    def watch() -> None:
+        mp.connection.wait([parent.sentinel])  # becomes ready when the parent exits, however it exits
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _setup_worker() -> None:
+    _exit_with_parent()
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -144,7 +161,8 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
             record(run_attempt(*args(t, k)))
     else:
         _setup_worker()   # children inherit the environment
-        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_exit_with_parent)
+        try:
             submit_ready(lambda t, k: pool.submit(run_attempt, *args(t, k)))
             while inflight:
                 finished, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
@@ -152,6 +170,8 @@ def generate(tasks: list[str], n: int, out: str, *, workers: int = 1, resolution
                     inflight.pop(fut)
                     record(fut.result())
                 submit_ready(lambda t, k: pool.submit(run_attempt, *args(t, k)))
+        finally:  # interrupted (Ctrl-C) or failed: queue nothing more; a re-run resumes
+            pool.shutdown(wait=False, cancel_futures=True)
     bar.close()
     wall = time.perf_counter() - t0
     stats = robot_shards.write_action_stats(out) if any(succ.values()) else None
