@@ -89,8 +89,8 @@ def distill(cfg: config_lib.DistillConfig, hooks: Sequence[Hook] = ()) -> list[d
     # ----------------------------------------------------------------------------------------------
     update = step_lib.jit_updates(cfg, graphdef, tx_s, tx_c, mesh, shardings, input_lib.TRAIN_KEYS)
     eval_fn = _make_eval(cfg, graphdef, teacher, state, mesh) if cfg.eval_every else None
-    if cfg.phase == "warmup":
-        teacher = None  # phase A needs the teacher only as the student's starting weights: free it
+    if not state_lib.uses_critic(cfg):
+        teacher = None  # phase A / regression need the teacher only as the starting weights: free it
     if cfg.log.sample_every and cfg.log.sample_vae:  # skeleton | student | truth MP4s in log.dir
         hooks = [*hooks, evaluate.make_sample_hook(
             cfg, graphdef, samples_lib.load_sample_vae(cfg.log.sample_vae, cfg.model.in_channels),

@@ -6,6 +6,9 @@ the data and paths; docs/distill.md the method).
     python distill.py --config configs/synthetic_distill.py:dmd      # phase B: DMD with the critic
     python -m rynn_jax.distill.export --config configs/synthetic_distill.py:dmd --out weights/synthetic/student
 
+    # phase B's ground-truth regression instead of DMD (a CPU-sized budget, see below):
+    python distill.py --config configs/synthetic_distill.py:regression
+
 Student = the teacher's architecture and weights to start, streamed exactly as
 `serving.session.StreamingSession` serves by default: blocks of 3 latent frames, a full cache of 21
 frames (1 sink + 20), re-anchored every 21-frame (81-video-frame) chunk; 4 x0-Euler steps, shift 5.
@@ -24,6 +27,13 @@ iterations/s if the 7-block rollout is not latency-bound, ≈ 7,000 in 10 minute
 set above both: the chain stops each phase after DISTILL_A_SECONDS / DISTILL_B_SECONDS with SIGINT
 (saves, exits 0), and the schedules are constant, so any stopping step ends with usable EMA weights.
 
+`:regression` is phase B with `dmd.objective="regression"`: the same self-forcing rollout from
+phase A's student, each block regressed onto the clip's ground-truth latents (no teacher, no
+critic; gradients stop at the cache, cheaper than DMD's path through it). It fixes what phase A
+leaves (teacher forcing never shows the student its own blocks, so its errors compound over a
+chunk) at a cost a 2-core CPU can pay: the first bundled student was made this way on CPU with
+`--set data.batch_size=2 --set data.worker_count=0` (docs/FIDELITY.md, "Student").
+
 Learning rates are the paper's ×10 (phase A 1e-4; phase B generator and critic 2e-5, Adam β=(0,
 0.999)): an 8M-parameter model distilled in minutes, not a 5B one over days.
 """
@@ -35,7 +45,8 @@ from rynn_jax.serving.block_step import SERVING_STEPS, StepConfig
 from rynn_jax.sharding import MeshConfig
 from rynn_jax.training.config import CheckpointConfig, DataConfig, LogConfig, OptimConfig
 
-RUNS = {"warmup": f"{synthetic.RUNS}/distill_a", "dmd": f"{synthetic.RUNS}/distill_b"}
+RUNS = {"warmup": f"{synthetic.RUNS}/distill_a", "dmd": f"{synthetic.RUNS}/distill_b",
+        "regression": f"{synthetic.RUNS}/distill_r"}
 # What StreamingSession serves with by default: the student is trained for exactly this.
 CAUSAL = CausalConfig()  # blocks of 3 latent frames, 1 sink + 20 cached frames, full cache
 STEPS = StepConfig(num_steps=SERVING_STEPS.num_steps, shift=SERVING_STEPS.shift, solver=SERVING_STEPS.solver)
@@ -44,16 +55,17 @@ STEPS = StepConfig(num_steps=SERVING_STEPS.num_steps, shift=SERVING_STEPS.shift,
 def get_config(phase: str = "warmup") -> DistillConfig:
     if phase not in RUNS:
         raise ValueError(f"phase must be one of {sorted(RUNS)}, got {phase!r}")
-    warm = phase == "warmup"
+    warm, regression = phase == "warmup", phase == "regression"
     run = RUNS[phase]
     return DistillConfig(
-        phase=phase,
+        phase="warmup" if warm else "dmd",
         model=synthetic.teacher_model(),
         causal=CAUSAL,
         student_steps=STEPS,
         warmup=WarmupConfig(shift=5.0),
         dmd=DMDConfig(shift=5.0, min_sigma=0.02, max_sigma=0.98, guidance_scale=0.0, critic_updates=5,
-                      cache_grad=True, grad_blocks=0, last_step_only=False, remat_blocks=False),  # small: no remat
+                      cache_grad=not regression, grad_blocks=0, last_step_only=False, remat_blocks=False,  # small: no remat
+                      objective="regression" if regression else "dmd"),
         optim=OptimConfig(lr=1e-4 if warm else 2e-5, b1=0.9 if warm else 0.0, b2=0.999, warmup_steps=0,
                           schedule="constant", weight_decay=0.0, grad_clip=10.0, ema_decay=0.99),
         critic_optim=OptimConfig(lr=2e-5, b1=0.0, b2=0.999, warmup_steps=0, schedule="constant",

@@ -192,3 +192,52 @@ def test_dmd_killed_run_resumes_exactly(runs):
     for r in got:
         for k, v in r.items():
             assert v == want[r["step"]][k], (r["step"], k, v, want[r["step"]][k])  # bit-exact on CPU
+
+
+def test_regression_objective_lowers_its_loss_without_a_critic(runs, tmp_path):
+    """Phase B with `dmd.objective=regression` (from the phase-A student): one update per iteration,
+    the rollout's error against the clip's latents falls, and no critic is trained or saved."""
+    cache = os.path.join(os.path.dirname(runs[0]), "jax_cache")
+    out = str(tmp_path / "regression")
+    r = _run(out, cache, "phase=dmd", "dmd.objective=regression", "total_steps=24", "ckpt.every=24",
+             "optim.lr=1e-3", f"student_from={runs[0]}/ckpt")
+    assert r.returncode == 0, r.stderr[-4000:]
+    recs = _records(out)
+    losses = np.array([x["loss"] for x in recs])
+    assert [x["step"] for x in recs] == list(range(1, 25)) and np.isfinite(losses).all()
+    assert not any(k.startswith(("gen_", "dmd_")) for x in recs for k in x), recs[0]
+    assert losses[-6:].mean() < 0.9 * losses[:6].mean(), losses
+
+
+def test_regression_loss_is_the_rollouts_error_against_the_clip():
+    """The regression objective's loss is the mean squared error, frames 1.., between the student's
+    rollout and the clip's latents: held to a float64 NumPy computation on a gradient-free rollout
+    with the same key (the differentiable rollout computes the same samples)."""
+    from rynn_jax.distill import dmd
+    from rynn_jax.distill import step as step_lib
+
+    cfg = WanDiTConfig.tiny(control="add-plus")
+    model = init_dit(cfg, seed=2)
+    graphdef, params, stats = nnx.split(model, nnx.Param, ...)
+    rng = np.random.default_rng(1)
+    b, t, hw = 2, 4, (4, 4)
+    batch = {"video_latents": rng.standard_normal((b, t, *hw, 8)), "img_latent": rng.standard_normal((b, 1, *hw, 8)),
+             "control_video_latents": rng.standard_normal((b, t, *hw, 8)),
+             "text_embedding": rng.standard_normal((b, cfg.text_len, cfg.text_dim))}
+    batch = {k: jnp.asarray(v, jnp.float32) for k, v in batch.items()}
+    dcfg = config_lib.DistillConfig(phase="dmd", model=cfg, causal=CausalConfig(frames_per_block=2, window_frames=3),
+                                    dmd=DMDConfig(objective="regression", cache_grad=False))
+    key = jax.random.PRNGKey(4)
+
+    def loss(p):
+        return dmd.regression_loss(step_lib.student_rollout(dcfg, graphdef, p, stats, batch, key, grad=True),
+                                   batch["video_latents"])
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    x0 = np.asarray(jax.jit(lambda p: step_lib.student_rollout(dcfg, graphdef, p, stats, batch, key, grad=False))(params),
+                    np.float64)
+    expected = np.mean(np.square(x0[:, 1:] - np.asarray(batch["video_latents"], np.float64)[:, 1:]))
+    np.testing.assert_allclose(float(value), expected, rtol=1e-5)
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 0
+    assert not state_lib.uses_critic(dcfg) and state_lib.uses_critic(dataclasses.replace(dcfg, dmd=DMDConfig()))

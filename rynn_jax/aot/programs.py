@@ -97,8 +97,9 @@ def distill(cfg, mesh: Mesh, batch: int, thw: tuple[int, int, int]) -> list[Prog
     state, teacher = abstract(abs_state, s_sh), abstract(abs_teacher, t_sh)
     data = clip_batch(cfg.model, batch, thw, mesh)
     work = {"batch": batch, "latent_thw": list(thw)}
-    if cfg.phase == "warmup":
-        return [Program("distill:warmup", fns["warmup"], (state, data), mesh, cfg.mesh.rules, info=work)]
+    if len(fns) == 1:  # phase A, or phase B's regression objective: one program, no teacher
+        (name, fn), = fns.items()
+        return [Program(f"distill:{name}", fn, (state, data), mesh, cfg.mesh.rules, info=work)]
     # the teacher is not an argument of the critic update but stays in HBM between the two
     return [Program("distill:generator", fns["generator"], (state, teacher, data), mesh, cfg.mesh.rules, info=work),
             Program("distill:critic", fns["critic"], (state, data), mesh, cfg.mesh.rules,

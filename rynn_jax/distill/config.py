@@ -35,6 +35,12 @@ class DMDConfig:
     max_sigma: float = 0.98
     guidance_scale: float = 0.0  # real score p_cond + g·(p_cond − p_uncond); released 0 = no CFG
     critic_updates: int = 5  # critic updates per generator update (released dfake_gen_update_ratio)
+    # "regression": the same self-forcing rollout, but its blocks are regressed onto the clip's own
+    # ground-truth latents (mean squared error, frames 1..) instead of the DMD gradient: no teacher
+    # call, no critic, one update per iteration. Exposure bias is what it fixes (every block is
+    # conditioned on the student's own earlier blocks), for budgets too small for DMD's critic; it
+    # regresses to the mean where the data is uncertain, so samples are blurrier than DMD's.
+    objective: Literal["dmd", "regression"] = "dmd"
     # Gradient path of the generator rollout (see rollout.py):
     cache_grad: bool = True  # gradients flow through the KV cache across blocks
     grad_blocks: int = 0  # only the last N blocks are differentiated (0 = all); bounds memory

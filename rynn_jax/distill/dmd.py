@@ -139,3 +139,11 @@ def critic_loss(critic: WanDiT, x0: jax.Array, batch: Batch, rng: jax.Array, *, 
     w = frame_weight(x0.shape[1])
     se = jnp.square(v - (eps - x0)) * w
     return se.sum() / (jnp.broadcast_to(w, se.shape).sum())
+
+
+def regression_loss(x0: jax.Array, z0: jax.Array) -> jax.Array:
+    """Mean squared error of generator samples x0 against the clip's ground-truth latents z0
+    (B, T, H, W, C), frames 1.. (frame 0 is the pinned reference): `DMDConfig.objective="regression"`."""
+    w = frame_weight(x0.shape[1])
+    se = jnp.square(x0.astype(jnp.float32) - jax.lax.stop_gradient(z0.astype(jnp.float32))) * w
+    return se.sum() / jnp.broadcast_to(w, se.shape).sum()

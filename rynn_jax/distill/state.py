@@ -42,9 +42,15 @@ class DistillState:
     rng: jax.Array  # base key; iteration key = fold_in(rng, step)
 
 
+def uses_critic(cfg: DistillConfig) -> bool:
+    """Phase B with the DMD objective trains a critic (and needs the teacher); the warm-up and the
+    regression objective need neither."""
+    return cfg.phase == "dmd" and cfg.dmd.objective == "dmd"
+
+
 def make_optimizers(cfg: DistillConfig) -> tuple[optax.GradientTransformation, optax.GradientTransformation]:
     """(generator, critic) optimisers: clipping → AdamW (training/optim.py)."""
-    gen_steps = cfg.total_steps if cfg.phase == "warmup" else -(-cfg.total_steps // cfg.dmd.critic_updates)
+    gen_steps = cfg.total_steps if not uses_critic(cfg) else -(-cfg.total_steps // cfg.dmd.critic_updates)
     return optim.make_optimizer(cfg.optim, gen_steps), optim.make_optimizer(cfg.critic_optim, cfg.total_steps)
 
 
@@ -58,7 +64,7 @@ def _init_fn(cfg: DistillConfig, tx_s: optax.GradientTransformation, tx_c: optax
         with nnx.use_eager_sharding(False):
             model = WanDiT(cfg.model, rngs=nnx.Rngs(params=init_rng))
         _, params, stats = nnx.split(model, nnx.Param, ...)
-        critic = _cast(params, cfg.critic_dtype) if cfg.phase == "dmd" else nnx.State({})
+        critic = _cast(params, cfg.critic_dtype) if uses_critic(cfg) else nnx.State({})
         ema = jax.tree.map(jnp.copy, params) if cfg.optim.ema_decay > 0 else nnx.State({})
         state = DistillState(step=jnp.zeros((), jnp.int32), student=params, student_opt=tx_s.init(params), ema=ema,
                              critic=critic, critic_opt=tx_c.init(critic), stats=stats, rng=train_rng)

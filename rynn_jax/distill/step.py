@@ -4,6 +4,8 @@
   generator_update   phase B: student rollout with gradients (through the cache) → DMD loss against
                      teacher (stop-gradiented) and critic (stop-gradiented) → AdamW + EMA 0.99.
   critic_update      phase B: a fresh no-gradient student rollout → flow matching of the critic.
+  regression_update  phase B with `dmd.objective="regression"`: the generator's rollout regressed onto
+                     the clip's ground-truth latents; no teacher, no critic, one update per iteration.
 One phase-B iteration s = generator_update when (s − 1) % critic_updates == 0, then
 critic_update: `critic_updates` critic steps per generator step, as released. A step whose loss or
 gradient norm is not finite leaves the state unchanged (bar the step counter) and reports
@@ -114,6 +116,25 @@ def make_generator_update(cfg: DistillConfig, graphdef: nnx.GraphDef, tx: optax.
     return update
 
 
+def make_regression_update(cfg: DistillConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
+    def loss_fn(params, stats, batch, rng):
+        x0 = student_rollout(cfg, graphdef, params, stats, batch, rng, grad=True)
+        return dmd.regression_loss(x0, batch["video_latents"])
+
+    def update(state: DistillState, batch: Batch) -> tuple[DistillState, Metrics]:
+        rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
+        loss, grads = jax.value_and_grad(loss_fn)(state.student, state.stats, batch, rng)
+        grad_norm = optax.global_norm(grads)
+        student, opt, update_norm = _apply(tx, state.student, state.student_opt, grads)
+        ema = ema_update(state.ema, student, cfg.optim.ema_decay) if len(state.ema) else state.ema
+        new = state.replace(step=state.step + 1, student=student, student_opt=opt, ema=ema)
+        new, finite = _guard(state, new, loss, grad_norm)
+        return new, {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm, "finite": finite,
+                     "param_norm": optax.global_norm(student)}
+
+    return update
+
+
 def make_critic_update(cfg: DistillConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
     d = cfg.dmd
 
@@ -154,7 +175,8 @@ def _batch_shardings(mesh: Mesh, keys) -> dict[str, NamedSharding]:
 def jitted_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Mesh, shardings, batch_keys
                    ) -> dict[str, Callable]:
     """The phase's `jax.jit`s, not yet traced (trace or `.lower` them inside `sharding.axis_rules`):
-    {"warmup": (state, batch)} or {"generator": (state, teacher, batch), "critic": (state, batch)};
+    {"warmup": (state, batch)}, {"regression": (state, batch)} or {"generator": (state, teacher, batch),
+    "critic": (state, batch)};
     shardings explicit, the state donated. rynn_jax.aot compiles them ahead of time this way."""
     t_sh, s_sh = shardings
     b_sh = _batch_shardings(mesh, batch_keys)
@@ -162,6 +184,9 @@ def jitted_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh:
     if cfg.phase == "warmup":
         return {"warmup": jax.jit(make_warmup_update(cfg, graphdef, tx_s), in_shardings=(s_sh, b_sh),
                                   out_shardings=out, donate_argnums=(0,))}
+    if cfg.dmd.objective == "regression":
+        return {"regression": jax.jit(make_regression_update(cfg, graphdef, tx_s), in_shardings=(s_sh, b_sh),
+                                      out_shardings=out, donate_argnums=(0,))}
     # two programs, not one per iteration kind: the critic update compiles once
     return {"generator": jax.jit(make_generator_update(cfg, graphdef, tx_s), in_shardings=(s_sh, t_sh, b_sh),
                                  out_shardings=out, donate_argnums=(0,)),
@@ -176,8 +201,9 @@ def jit_updates(cfg: DistillConfig, graphdef: nnx.GraphDef, tx_s, tx_c, mesh: Me
 
     def run(step: int, state: DistillState, teacher: nnx.State, batch: Batch):
         with sharding.axis_rules(mesh, cfg.mesh.rules):
-            if cfg.phase == "warmup":
-                return fns["warmup"](state, batch)
+            if len(fns) == 1:  # phase A, or phase B's regression: one update per iteration
+                (fn,) = fns.values()
+                return fn(state, batch)
             metrics = {}
             if trains_generator(cfg, step):
                 state, metrics = fns["generator"](state, teacher, batch)
