@@ -48,6 +48,22 @@ def check_checkpoint_dir(path: str, field: str) -> None:
                                 fix="point it at a run's ckpt directory")
 
 
+def check_4d_shard(path: str, field: str) -> None:
+    """The first record of a shard holds the depth and flow latents RynnWorld-4D trains on."""
+    from rynn_jax.data import shards
+    from rynn_jax.training.loss4d import TRAIN_KEYS
+
+    try:
+        record = shards.first_record(path)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise errors.InputError(f"{field} {path}: unreadable shard ({e})") from None
+    missing = [k for k in TRAIN_KEYS if record is not None and k not in record]
+    if record is None or missing:
+        raise errors.InputError(f"{field} {path}: " + ("no records" if record is None else
+                                f"records lack {', '.join(missing)} (RGB-only shards)"),
+                                fix="pre-encode with python -m rynn_jax.data.preencode --geometry")
+
+
 def check(cfg: Any) -> None:
     """Every cheap check of a `TrainConfig` or `DistillConfig`; raises the first failure."""
     if cfg.total_steps < 1:
@@ -69,6 +85,8 @@ def check(cfg: Any) -> None:
             if not glob.glob(pattern):
                 raise errors.MissingFileError(f"data.sources[{name!r}] {pattern}: no shard files match",
                                               fix="write them with python -m rynn_jax.data.preencode")
+            if type(cfg.loss).__name__ == "World4DLossConfig":
+                check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]")
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
             raise errors.UsageError(f"data.weights names sources not in data.sources: {unknown}")
