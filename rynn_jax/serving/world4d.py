@@ -93,10 +93,15 @@ class World4DModel:
             raise ValueError(f"num_frames must be 1 + {stride}k with k ≥ 1 (the VAE's temporal stride), got {num_frames}")
         first = self.first_latents(reference_hw3, depth_hw)
         z = self.sample_latents(key, first, jnp.asarray(context_sk)[None], 1 + (num_frames - 1) // stride, sampling)
-        rgb, depth_v, flow_v = (np.asarray(self.decode(zm)[0], np.float32) for zm in z)
-        levels = lambda v: (np.clip(v, -1, 1) + 1) * 127.5  # noqa: E731 -- [0, 255], unrounded for the inverses
-        return Sample4D(rgb=to_uint8(rgb), depth_video=to_uint8(depth_v), flow_video=to_uint8(flow_v),
-                        depth=gv.rgb_to_depth(levels(depth_v)), flow=gv.rgb_to_flow(levels(flow_v[1:])))
+        return decoded_sample(*(self.decode(zm)[0] for zm in z))
+
+
+def decoded_sample(rgb_thw3: jax.Array, depth_thw3: jax.Array, flow_thw3: jax.Array) -> Sample4D:
+    """Decoded videos in [−1, 1] → the clip, depth and flow read off their unrounded colours."""
+    depth_v, flow_v = (np.asarray(v, np.float32) for v in (depth_thw3, flow_thw3))
+    levels = lambda v: (np.clip(v, -1, 1) + 1) * 127.5  # noqa: E731 -- [0, 255]
+    return Sample4D(rgb=to_uint8(rgb_thw3), depth_video=to_uint8(depth_v), flow_video=to_uint8(flow_v),
+                    depth=gv.rgb_to_depth(levels(depth_v)), flow=gv.rgb_to_flow(levels(flow_v[1:])))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
