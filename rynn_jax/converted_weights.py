@@ -38,6 +38,12 @@ def save_params(path: str | os.PathLike[str], params: dict, config: Any) -> None
         json.dump(cfg, f, indent=1)
 
 
+def saved_class(path: str | os.PathLike[str]) -> str | None:
+    """The name of the config class the directory's model was written with (None: not recorded)."""
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+        return json.load(f).get("__class__")
+
+
 def load_config(path: str | os.PathLike[str], cls: type) -> Any:
     with open(os.path.join(path, CONFIG_FILE)) as f:
         raw = json.load(f)
