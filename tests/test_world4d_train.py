@@ -22,10 +22,13 @@ def test_rgb_decay_is_the_released_cosine():
 
 @pytest.mark.usefixtures("fast_compile")
 def test_stage2_recipe_trains_only_the_joint_attention(tmp_path):
-    losses = train.main(["--config", "configs/world4d_tiny.py", "--set", "total_steps=2", "--set", "loss.train=joint",
-                         "--set", "loss.branch_dropout=0.5", "--set", "log.progress=False",
-                         "--set", f"ckpt.dir={tmp_path}/ckpt", "--set", f"log.dir={tmp_path}/logs"])
+    args = ["--config", "configs/world4d_tiny.py", "--set", "loss.train=joint",
+            "--set", "loss.branch_dropout=0.5", "--set", "log.progress=False",
+            "--set", "optim.joint_out_lr=1e-2",  # its own optax.multi_transform group
+            "--set", f"ckpt.dir={tmp_path}/ckpt", "--set", f"log.dir={tmp_path}/logs"]
+    losses = train.main(args + ["--set", "total_steps=2"])
     assert len(losses) == 2 and all(np.isfinite(losses))
+    assert len(train.main(args + ["--set", "total_steps=3"])) == 1  # resumed at step 2 (masked optimizer state)
     from flax import nnx
 
     from rynn_jax.training import config as config_lib, state as state_lib

@@ -89,9 +89,12 @@ def logical_specs(abstract: TrainState, tx: optax.GradientTransformation) -> Tra
 
     param_specs = specs(abstract.params)
     unwrap = lambda tree: jax.tree.map(lambda v: v, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    # multi_transform (optim.joint_out_lr) keeps each group's moments as the params with the other
+    # group's entries masked out (MaskedNode, no leaves): those stay masked
+    masked = optax.transforms.MaskedNode
     opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract.opt_state, unwrap(param_specs),
-        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, PartitionSpec))
+        tx, lambda v, spec: v if isinstance(v, masked) else spec, abstract.opt_state, unwrap(param_specs),
+        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, PartitionSpec | masked))
     replicated = lambda tree: jax.tree.map(lambda _: PartitionSpec(), tree)
     return TrainState(step=PartitionSpec(), params=param_specs, frozen=specs(abstract.frozen),
                       stats=replicated(abstract.stats), opt_state=opt_specs,
