@@ -6,6 +6,8 @@ and flow errors, FVD, baselines, plots and a report (rynn_jax/eval/, docs/eval.m
     python eval.py --model student --dit weights/synthetic/student --vae weights/synthetic/autoencoder \
         --episodes data/synthetic/heldout_long --frames 481 --out eval/drift   # PSNR per 80-frame chunk
     python eval.py --model generated --generated data/robot_generated --episodes data/robot --out eval/gen
+    python eval.py --model world4d --dit DIR --vae weights/synthetic/autoencoder --episodes data/synthetic/heldout \
+        --text-embeddings data/synthetic/text_embeddings --out eval/world4d    # RGB + depth + flow
 
 Re-running the same command resumes (finished episodes are kept); the report is rewritten.
 """
@@ -23,17 +25,20 @@ from rynn_jax.eval.run import MODELS, EvalConfig, evaluate
 def main(argv: list[str] | None = None) -> dict:
     p = errors.ArgumentParser(prog="python eval.py", description=__doc__)
     p.add_argument("--model", required=True, choices=MODELS,
-                   help="teacher (bidirectional sampler), student (causal StreamingSession), or generated "
-                        "(score the videos under --generated)")
+                   help="teacher (bidirectional sampler), student (causal StreamingSession), world4d (RynnWorld-4D: "
+                        "RGB, depth, flow from the first frame and its depth), or generated (score the videos under "
+                        "--generated)")
     p.add_argument("--episodes", required=True, help="ground-truth episodes (robot layout, e.g. sim held-out)")
     p.add_argument("--out", required=True, help="output directory (re-run to resume)")
     p.add_argument("--generated", default=None, help="--model generated: root of episodes named as under --episodes")
-    p.add_argument("--dit", default=None, help="converted DiT directory (load_dit); neither --dit nor --vae: tiny random")
+    p.add_argument("--dit", default=None, help="converted DiT directory (load_dit; world4d: load_dit4d); neither "
+                   "--dit nor --vae: tiny random")
     p.add_argument("--vae", default=None, help="converted VAE directory (load_vae)")
-    p.add_argument("--frames", type=int, default=33, help="frames compared per episode (teacher: 1 + 4k, rounded down)")
+    p.add_argument("--frames", type=int, default=33,
+                   help="frames compared per episode (teacher, world4d: 1 + 4k, rounded down)")
     p.add_argument("--resolution", type=height_width, default=None,
                    help="HxW to evaluate at (default: the generated / ground-truth video's own)")
-    p.add_argument("--steps", type=int, default=8, help="teacher sampler steps")
+    p.add_argument("--steps", type=int, default=8, help="teacher / world4d sampler steps")
     p.add_argument("--max-episodes", type=int, default=None, help="only the first K episodes (sorted by name)")
     p.add_argument("--seed", type=int, default=0, help="noise seed (each episode's key folds in its name)")
     p.add_argument("--swap", action="store_true",

@@ -35,6 +35,8 @@ LATENTS = "data/synthetic/latents/robot-*.array_record"
 AUTOENCODER = "weights/synthetic/autoencoder"
 TEACHER = "weights/synthetic/teacher"  # exported EMA teacher (distillation's ckpt.init_from)
 STUDENT = "weights/synthetic/student"  # exported causal student (what serving loads by default)
+LATENTS_4D = "data/synthetic/latents4d/robot-*.array_record"  # + depth and flow latents (preencode --geometry)
+WORLD4D = "weights/synthetic/world4d"  # RynnWorld-4D exports: <WORLD4D>_stage<n>[_independent]
 RUNS = "runs/synthetic"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from typing import Any
 
 import jax
@@ -37,20 +38,35 @@ def save_params(path: str | os.PathLike[str], params: dict, config: Any) -> None
         json.dump(cfg, f, indent=1)
 
 
+def saved_class(path: str | os.PathLike[str]) -> str | None:
+    """The name of the config class the directory's model was written with (None: not recorded)."""
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+        return json.load(f).get("__class__")
+
+
 def load_config(path: str | os.PathLike[str], cls: type) -> Any:
     with open(os.path.join(path, CONFIG_FILE)) as f:
         raw = json.load(f)
     name = raw.pop("__class__", cls.__name__)
     if name != cls.__name__:
         raise ValueError(f"{path} holds a {name}, not a {cls.__name__}")
+    return _from_dict(cls, raw, f"{path}/{CONFIG_FILE}")
+
+
+def _from_dict(cls: type, raw: dict, where: str) -> Any:
+    """`cls` from its `dataclasses.asdict` form; fields that are dataclasses themselves (the 4D
+    model's `base`) are built the same way."""
     for key, old_default in getattr(cls, "DROPPED_FIELDS", {}).items():  # written by older versions
         if raw.get(key, old_default) == old_default:
             raw.pop(key, None)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ValueError(f"{path}/{CONFIG_FILE} has fields {cls.__name__} does not know: {unknown}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        raise ValueError(f"{where} has fields {cls.__name__} does not know: {unknown}")
+    hints = typing.get_type_hints(cls)
+    nested = {k for k in raw if dataclasses.is_dataclass(hints.get(k)) and isinstance(raw[k], dict)}
+    return cls(**{k: _from_dict(hints[k], v, where) if k in nested else tuple(v) if isinstance(v, list) else v
+                  for k, v in raw.items()})
 
 
 def restore_params(path: str | os.PathLike[str], abstract_params: dict, dtype=None,

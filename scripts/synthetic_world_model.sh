@@ -6,6 +6,7 @@
 #
 #   scripts/synthetic_world_model.sh all                 # every stage, in order
 #   scripts/synthetic_world_model.sh data heldout text   # some stages
+#   scripts/synthetic_world_model.sh preencode4d world4d eval4d   # RynnWorld-4D on top (docs/RYNNWORLD4D.md)
 #
 # Knobs (environment): WORKERS (sim processes, default nproc), N_TRAIN / N_HELDOUT (episodes per task,
 # default from configs/synthetic.py), PREENCODE_WORKERS (processes sharing the accelerator, default 4),
@@ -16,7 +17,8 @@
 # CPU smoke run, e.g. configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length),
 # DATA_SEED (first training seed, default TRAIN_SEED; a run that regenerates its data — a lent GPU
 # lease — can take fresh episodes with another, e.g. 100000 × n, as long as its attempts stay below
-# HELDOUT_SEED).
+# HELDOUT_SEED). RynnWorld-4D: VARIANT (joint, default, or independent: the no-joint-attention ablation),
+# WORLD4D_SECONDS / WORLD4D_STEPS (per stage, as for the teacher).
 # WORKDIR: where data/, weights/ and runs/ go (default: the repository).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +34,7 @@ N_TRAIN=${N_TRAIN:-$(const TRAIN_PER_TASK)}
 N_HELDOUT=${N_HELDOUT:-$(const HELDOUT_PER_TASK)}
 TRAIN_DIR=$(const DATA_TRAIN); HELDOUT_DIR=$(const DATA_HELDOUT); TEXT_DIR=$(const TEXT_EMBEDDINGS)
 LATENT_DIR=$(dirname "$(const LATENTS)"); AE_DIR=$(const AUTOENCODER); SUFFIX=${CONFIG_SUFFIX:-}
-TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT)
+TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT); LATENT4D_DIR=$(dirname "$(const LATENTS_4D)")
 FRAMES_ARG=${FRAMES:+--frames $FRAMES}
 SIM_CACHE=${SIM_CACHE:-cache/sim_xla}  # the sim workers' shared compilation cache (held-out and training runs)
 log() { echo "[$(date +%H:%M:%S)] $*"; }
@@ -67,19 +69,21 @@ stage_autoencoder() {
   $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae${SUFFIX}.py" ${AE_STEPS:+--set total_steps=$AE_STEPS}
 }
 
-stage_preencode() { # PREENCODE_WORKERS processes share the accelerator (each takes a slice of its memory)
-  local n=${PREENCODE_WORKERS:-4} pids=()
-  log "preencode: $n workers"
+preencode() {       # preencode OUT [FLAGS]: PREENCODE_WORKERS processes share the accelerator (a memory slice each)
+  local out=$1 n=${PREENCODE_WORKERS:-4} pids=(); shift
+  log "preencode $*: $n workers"
   for ((i = 0; i < n; i++)); do
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN{print 0.8/$n}") \
-    $PY -m rynn_jax.data.preencode --source robot --root "$TRAIN_DIR" --out "$LATENT_DIR" --vae "$AE_DIR" \
+    $PY -m rynn_jax.data.preencode --source robot --root "$TRAIN_DIR" --out "$out" --vae "$AE_DIR" \
         --text-embeddings "$TEXT_DIR" --text-dim "$(const TEXT_DIM)" --text-len "$(const TEXT_LEN)" \
         --frames "${CLIP_FRAMES:-$(const CLIP_FRAMES)}" --stride "${CLIP_STRIDE:-$(const CLIP_STRIDE)}" \
-        --height "$H" --width "$W" --records-per-shard 64 --worker "$i" --num-workers "$n" > /dev/null &
+        --height "$H" --width "$W" --records-per-shard 64 --worker "$i" --num-workers "$n" "$@" > /dev/null &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
 }
+stage_preencode() { preencode "$LATENT_DIR"; }
+stage_preencode4d() { preencode "$LATENT4D_DIR" --geometry; }   # the same clips + depth and flow latents
 
 stage_teacher() {
   log "teacher"
@@ -110,6 +114,27 @@ stage_distill_b() { # phase B (DMD) from phase A's newest checkpoint, or from ST
 stage_distill_export() { # EMA student, bf16, with its serving spec: what serve.py loads by default
   log "distill export"
   $PY -m rynn_jax.distill.export --config "$DISTILL:dmd" --out "$STUDENT_DIR" --dtype bfloat16 --resolution "$RES"
+}
+
+WORLD4D=$REPO/configs/world4d_synthetic${SUFFIX}.py
+world4d_dir() { $PY -c "from configs import world4d_synthetic as w; print(w.export_dir($1, '${VARIANT:-joint}'))"; }
+stage_world4d() {   # RynnWorld-4D's three stages from the exported teacher, each exported for the next (bf16);
+                    # stage 1 (no joint attention) is shared by both variants: skipped when its export exists
+  local v=${VARIANT:-joint} out
+  for n in 1 2 3; do
+    out=$(world4d_dir "$n")
+    if [ "$n" = 1 ] && [ -d "$out" ]; then log "world4d 1: $out exists"; continue; fi
+    log "world4d $n ($v)"
+    limited "${WORLD4D_SECONDS:-}" $PY "$REPO/train.py" --config "$WORLD4D:$n,$v" \
+        ${WORLD4D_STEPS:+--set total_steps=$WORLD4D_STEPS}
+    $PY -m rynn_jax.training.export_weights --config "$WORLD4D:$n,$v" --out "$out" --dtype bfloat16
+  done
+}
+
+stage_eval4d() {    # the stage-3 model on the held-out episodes: RGB, depth (AbsRel, δ1), flow (EPE, px)
+  log "eval4d (${VARIANT:-joint})"
+  $PY "$REPO/eval.py" --model world4d --dit "$(world4d_dir 3)" --vae "$AE_DIR" --episodes "$HELDOUT_DIR" \
+      --text-embeddings "$TEXT_DIR" --out "eval/world4d_${VARIANT:-joint}" --frames "${EVAL_FRAMES:-33}" --no-fvd
 }
 
 stages=("$@")

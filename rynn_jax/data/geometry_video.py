@@ -6,6 +6,11 @@ Depth (the released pipeline's encoding):
     channels. Decoded as grey / 255 · DEPTH_MAX_M (the release's decode): the error is in
     [0, DEPTH_MAX_M/255) ≈ [0, 2 cm). 0 stays 0 (the simulator's "nothing hit").
 
+Clips (`clip_videos`, what the pre-encoder feeds the shared autoencoder): the depth and flow
+videos of a clip's frames, frame 0 of the flow video white (the release's per-clip white frame),
+resized and centre-cropped to the clip size as the RGB frames are (area interpolation of the
+colour videos, as the release resizes its depth/flow MP4s).
+
 Flow (Middlebury colour wheel, as ptlflow's `flow_to_rgb` draws it — hue = direction, saturation
 = magnitude, zero flow = white):
     r = min(|f| / max_px, 1),  colour = 1 − r · (1 − wheel(direction)),  wheel = the 55-entry
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rynn_jax.data.errors import DataError
 from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE
 
 DEPTH_MAX_M = 5.0  # the released clip range of metric depth
@@ -142,3 +148,33 @@ def episode_flow_video(episode_dir: str | os.PathLike[str], max_px: float = FLOW
         flow = z["flow"].astype(np.float32)  # (T − 1, H, W, 2): t → t + 1
     white = np.full((1, *flow.shape[1:3], 3), 255, np.uint8)
     return np.concatenate([white, flow_to_rgb(flow, max_px)])
+
+
+def clip_videos(episode_dir: str | os.PathLike[str], frame_index: np.ndarray, height: int, width: int,
+                max_px: float = FLOW_MAX_PX) -> dict[str, np.ndarray]:
+    """Depth and flow videos (T, height, width, 3) uint8 of the clip whose RGB frames are the
+    episode's frames `frame_index` (consecutive: flow is only defined between neighbouring frames).
+    Flow frame 0 is white, flow frame i the flow frame_index[i − 1] → frame_index[i]."""
+    from rynn_jax.data import video as video_lib  # PyAV, only when clips are cut
+
+    d = Path(episode_dir)
+    idx = np.asarray(frame_index, np.int64)
+    if idx.ndim != 1 or len(idx) < 1 or np.any(np.diff(idx) != 1):
+        raise DataError(os.fspath(d), "non-consecutive geometry frames",
+                        "depth/flow clips need the episode's own frame rate (16 fps)")
+    try:
+        with np.load(d / DEPTH_FILE) as z:
+            depth_mm = z["depth_mm"]
+        with np.load(d / FLOW_FILE) as z:
+            flow = z["flow"]
+    except (OSError, KeyError, ValueError, EOFError) as e:
+        raise DataError(os.fspath(d), "unreadable depth/flow render", str(e)) from e
+    if idx[-1] >= len(depth_mm) or (len(idx) > 1 and idx[-2] >= len(flow)):
+        raise DataError(os.fspath(d), "truncated depth/flow render",
+                        f"{len(depth_mm)} depth / {len(flow)} flow frames, clip ends at frame {idx[-1]}")
+    depth = depth_to_rgb(depth_mm[idx].astype(np.float32) / 1000.0)
+    white = np.full((1, *depth.shape[1:]), 255, np.uint8)
+    flow_v = np.concatenate([white, flow_to_rgb(flow[idx[:-1]].astype(np.float32), max_px)])
+    if depth.shape[1:3] != (height, width):
+        depth, flow_v = (video_lib.resize_crop(v, width, height) for v in (depth, flow_v))
+    return {"depth": depth, "flow": flow_v}

@@ -7,6 +7,13 @@ Per clip we store what the released RynnWorld `sample_data` latents hold, channe
   text_embedding         (S, D)         umT5 embedding of the prompt, trimmed to its length
 plus `text`, `actions` (T, 54), `has_actions`, `clip_id`, `episode`, `start`, `source`.
 
+With `--geometry` (RynnWorld-4D; the synthetic world's episodes, which hold exact depth and flow)
+each record also holds the clip's depth and flow, encoded as videos the way the release encodes
+them (`data/geometry_video.py`: ⌊d/5·255⌋ grey, Middlebury flow colours with a white frame 0) and
+through the same VAE as the RGB — the keys the 4D loss reads (`training/loss4d.py`):
+  depth_latents, flow_latents          (T', h, w, C)  VAE(depth video), VAE(flow video)
+  depth_img_latent, flow_img_latent    (1, h, w, C)   their frame 0 alone (flow: the white frame)
+
 Work split: the source's clip index (deterministic given the files and ClipConfig) is cut into
 shards of `records_per_shard` consecutive clips; worker w of n does shards w, w+n, ... Resumable:
 a finished shard is a renamed file, so a re-run skips it; the index fingerprint is recorded on
@@ -22,6 +29,8 @@ CLI:
       --vae /ckpt/wan22_vae --text-embeddings /data/text_embeddings [--worker 0 --num-workers 8]
   python -m rynn_jax.data.preencode --source robot --root data/robot --out data/latents/robot \
       --vae tiny --allow-missing-text --height 96 --width 160     # smoke run, meaningless latents
+  python -m rynn_jax.data.preencode --source robot --root data/synthetic/train --out data/synthetic/latents4d \
+      --vae weights/synthetic/autoencoder --geometry ...            # + depth and flow latents (RynnWorld-4D)
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from rynn_jax import errors
 
 from rynn_jax.data import shards as shards_lib
 from rynn_jax.data.clips import ClipConfig
-from rynn_jax.data.errors import SKIPPED
+from rynn_jax.data.errors import SKIPPED, DataError, handle
 from rynn_jax.data.source import ClipSource
 
 log = logging.getLogger("rynn_jax.data")
@@ -50,6 +59,9 @@ log = logging.getLogger("rynn_jax.data")
 VideoEncoder = Callable[[np.ndarray], np.ndarray]  # (B, T, H, W, 3) float32 [-1, 1] → (B, T', h, w, C)
 ControlRenderer = Callable[[dict], np.ndarray]  # sample → (T, H, W, 3) uint8 skeleton video
 TextEmbedder = Callable[[str], np.ndarray]  # prompt → (S, D) float32
+# (episode directory, sample) → {"depth": (T, H, W, 3) uint8, "flow": (T, H, W, 3) uint8}
+GeometryRenderer = Callable[[str, dict], dict[str, np.ndarray]]
+GEOMETRY_STREAMS = ("depth", "flow")  # stored as <name>_latents, <name>_img_latent
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,8 +76,12 @@ def to_unit_range(video_uint8: np.ndarray) -> np.ndarray:
     return video_uint8.astype(np.float32) / 127.5 - 1.0
 
 
-def index_fingerprint(source: ClipSource) -> str:
+def index_fingerprint(source: ClipSource, geometry: bool = False) -> str:
+    """The clip index (and whether records carry depth/flow): shards of one output directory
+    must agree on it."""
     h = hashlib.sha256(repr(source.cfg).encode())
+    if geometry:
+        h.update(b"geometry\n")
     for r in source.index():
         h.update(f"{r.episode}\0{r.start}\n".encode())
     return h.hexdigest()
@@ -73,13 +89,25 @@ def index_fingerprint(source: ClipSource) -> str:
 
 def encode_clip(sample: dict, source_name: str, episode: str, start: int, *,
                 encode_video: VideoEncoder, render_control: ControlRenderer,
-                embed_text: TextEmbedder, latent_dtype: str) -> bytes:
+                embed_text: TextEmbedder, latent_dtype: str,
+                render_geometry: GeometryRenderer | None = None, episode_dir: str = "") -> bytes:
     video = to_unit_range(sample["video"])[None]
-    control = to_unit_range(np.asarray(render_control(sample)))[None]
-    if control.shape != video.shape:
-        raise ValueError(f"control video {control.shape} does not match video {video.shape}")
-    lat = np.asarray(encode_video(np.concatenate([video, control])))  # one call for both
-    img = np.asarray(encode_video(video[:, :1]))[0]
+    streams = {"control": render_control(sample)}
+    if render_geometry is not None:
+        geometry = render_geometry(episode_dir, sample)
+        streams.update((name, geometry[name]) for name in GEOMETRY_STREAMS)
+    streams = {name: to_unit_range(np.asarray(v))[None] for name, v in streams.items()}
+    for name, v in streams.items():
+        if v.shape != video.shape:
+            raise ValueError(f"{name} video {v.shape} does not match video {video.shape}")
+    # one call for every clip, one for every frame 0
+    lat = np.asarray(encode_video(np.concatenate([video, *streams.values()])))
+    img = np.asarray(encode_video(np.concatenate([video[:, :1]] + [v[:, :1] for v in streams.values()])))
+    geometry_latents = {}
+    for i, name in enumerate(list(streams)[1:]):
+        geometry_latents[f"{name}_latents"] = lat[2 + i].astype(latent_dtype)
+        geometry_latents[f"{name}_img_latent"] = img[2 + i].astype(latent_dtype)
+    img = img[0]
     text = str(sample["text"])
     emb = np.asarray(embed_text(text), np.float32)
     for name, x in (("video latents", lat), ("image latent", img), ("text embedding", emb)):
@@ -89,6 +117,7 @@ def encode_clip(sample: dict, source_name: str, episode: str, start: int, *,
         "video_latents": lat[0].astype(latent_dtype),
         "control_video_latents": lat[1].astype(latent_dtype),
         "img_latent": img.astype(latent_dtype),
+        **geometry_latents,
         "text_embedding": emb,
         "text": np.asarray(text, np.str_),
         "actions": sample["actions"], "has_actions": sample["has_actions"],
@@ -99,13 +128,15 @@ def encode_clip(sample: dict, source_name: str, episode: str, start: int, *,
 
 def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
               render_control: ControlRenderer, embed_text: TextEmbedder,
+              render_geometry: GeometryRenderer | None = None,
               cfg: PreencodeConfig = PreencodeConfig()) -> dict:
-    """Encode this worker's shards of `source` into `out_dir`; returns a summary dict."""
+    """Encode this worker's shards of `source` into `out_dir`; returns a summary dict.
+    `render_geometry`: also store the clip's depth and flow latents (RynnWorld-4D)."""
     refs = source.index()
     if not refs:
         raise errors.InputError(f"{source.root}: no usable {source.name} clips (see the warnings above)",
                                 fix="check --root, --source and --frames")
-    fingerprint = index_fingerprint(source)
+    fingerprint = index_fingerprint(source, render_geometry is not None)
     fp_path = os.path.join(out_dir, f"{source.name}.index.json")
     total = max(1, math.ceil(len(refs) / cfg.records_per_shard))
     mine = [(s, os.path.join(out_dir, shards_lib.shard_name(source.name, s, total)))
@@ -118,8 +149,8 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
         with open(fp_path) as f:
             recorded = json.load(f)["fingerprint"]
         if recorded != fingerprint and shards_lib.list_shards(out_dir, source.name):
-            raise errors.InputError(f"--out {out_dir}: was encoded from a different clip index (files or "
-                                    f"clip settings changed)", fix="use a new output directory")
+            raise errors.InputError(f"--out {out_dir}: was encoded from a different clip index (files, "
+                                    f"clip settings or --geometry changed)", fix="use a new output directory")
     os.makedirs(out_dir, exist_ok=True)
     if recorded != fingerprint:  # new, or replacing the index of a run that wrote no shard
         _write_json(fp_path, {"fingerprint": fingerprint, "num_clips": len(refs),
@@ -140,9 +171,14 @@ def preencode(source: ClipSource, out_dir: str, *, encode_video: VideoEncoder,
                 if sample is None:
                     skipped_clips += 1
                     continue
-                yield encode_clip(sample, source.name, ref.episode, ref.start,
-                                  encode_video=encode_video, render_control=render_control,
-                                  embed_text=embed_text, latent_dtype=cfg.latent_dtype)
+                try:
+                    yield encode_clip(sample, source.name, ref.episode, ref.start,
+                                      encode_video=encode_video, render_control=render_control,
+                                      embed_text=embed_text, latent_dtype=cfg.latent_dtype,
+                                      render_geometry=render_geometry, episode_dir=source.path(ref.episode))
+                except DataError as e:  # an episode without (whole) depth/flow renders
+                    handle(e, source.strict)
+                    skipped_clips += 1
 
         n = shards_lib.write_shard(path, records())
         written.append(path)
@@ -263,6 +299,15 @@ class TextEmbeddingStore:
         return emb[: (nonzero[-1] + 1) if nonzero.size else 0]
 
 
+def geometry_renderer(height: int, width: int) -> GeometryRenderer:
+    """The episode's exact depth and flow (the sim's depth.npz / flow.npz) as the clip's videos."""
+    from rynn_jax.data import geometry_video
+
+    def render(episode_dir: str, sample: dict) -> dict[str, np.ndarray]:
+        return geometry_video.clip_videos(episode_dir, sample["frame_index"], height, width)
+    return render
+
+
 # ---- CLI -------------------------------------------------------------------------------------------
 
 
@@ -303,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--worker", type=int, default=0, help="this worker's number ...")
     p.add_argument("--num-workers", type=int, default=1, help="... of this many")
     p.add_argument("--strict", action="store_true", help="stop at the first bad file")
+    p.add_argument("--geometry", action="store_true",
+                   help="also store depth and flow latents (RynnWorld-4D; robot episodes with depth.npz/flow.npz)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     frames = a.frames or DEFAULT_FRAMES[a.source]
@@ -326,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     errors.writable_dir(a.out, "--out")
     if a.stride is not None and a.stride < 1:
         raise errors.UsageError(f"--stride {a.stride}: must be ≥ 1")
+    if a.geometry and a.source != "robot":
+        raise errors.UsageError(f"--geometry with --source {a.source}: only robot episodes (the synthetic "
+                                "world's) carry exact depth and flow")
     clip_cfg = ClipConfig(num_frames=frames, height=a.height, width=a.width, stride=a.stride)
     source = make_source(a.source, a.root, clip_cfg, a.strict)
     summary = preencode(
@@ -333,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         render_control=skeleton_renderer(a.height, a.width, clip_cfg.fps),
         embed_text=TextEmbeddingStore(a.text_embeddings, "empty" if a.allow_missing_text else "error",
                                       text_dim=a.text_dim, text_len=a.text_len),
+        render_geometry=geometry_renderer(a.height, a.width) if a.geometry else None,
         cfg=PreencodeConfig(records_per_shard=a.records_per_shard, worker=a.worker,
                             num_workers=a.num_workers))
     print(json.dumps(summary, indent=1))

@@ -86,3 +86,12 @@ def read_shard(path: str | os.PathLike[str]) -> list[dict[str, np.ndarray]]:
         return [decode_record(r) for r in reader.read_all()]
     finally:
         reader.close()
+
+
+def first_record(path: str | os.PathLike[str]) -> dict[str, np.ndarray] | None:
+    """The shard's first record (None if it has none): what a reader checks before training."""
+    reader = ArrayRecordReader(os.fspath(path))
+    try:
+        return decode_record(reader.read([0])[0]) if reader.num_records() else None
+    finally:
+        reader.close()

@@ -308,8 +308,7 @@ def sample(
 ) -> jax.Array:
     """Noise from `key`, then solve; deterministic per key. Jit with solver/num_steps/shift static."""
     noise_bthwc = initial_noise(key, shape_bthwc, dtype)
-    samplers = {"unipc": sample_unipc, "euler": sample_euler}
-    return samplers[solver](
+    return SOLVERS[solver](
         velocity_fn,
         noise_bthwc,
         num_steps=num_steps,
@@ -319,7 +318,10 @@ def sample(
     )
 
 
+SOLVERS = {"unipc": sample_unipc, "euler": sample_euler}  # solver name → solve(velocity_fn, noise, ...)
+
 __all__ = [
+    "SOLVERS",
     "VelocityFn",
     "UniPCStep",
     "frame_timesteps",

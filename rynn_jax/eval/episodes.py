@@ -37,6 +37,8 @@ class Truth:
     depth: np.ndarray | None = None  # (T, H, W) float32 metres, 0 = nothing
     flow: np.ndarray | None = None  # (T − 1, H, W, 2) float32 pixels
     robot: np.ndarray | None = None  # (T, H, W) bool, the robot mask
+    depth_video: np.ndarray | None = None  # (T, H, W, 3) uint8 grey encoding of `depth` (RynnWorld-4D)
+    flow_video: np.ndarray | None = None  # (T, H, W, 3) uint8 colour encoding of `flow`, frame 0 white
 
 
 def list_episodes(root: str | os.PathLike) -> list[str]:
@@ -104,6 +106,21 @@ class Generated:
     frames: np.ndarray  # (T, H, W, 3) uint8
     depth: np.ndarray | None = None  # (T, H, W) float32 metres
     flow: np.ndarray | None = None  # (T − 1, H, W, 2) float32 pixels
+    depth_video: np.ndarray | None = None  # (T, H, W, 3) uint8, a 4D model's generated depth encoding
+    flow_video: np.ndarray | None = None  # (T, H, W, 3) uint8, its generated flow encoding
+
+
+def with_encodings(x: Truth | Generated) -> Truth | Generated:
+    """`x` with the depth/flow videos a 4D model generates, encoded from its depth and flow
+    (`data/geometry_video.py`) where it has those and not the videos."""
+    from rynn_jax.data import geometry_video as gv
+
+    if x.depth_video is None and x.depth is not None:
+        x = dataclasses.replace(x, depth_video=gv.depth_to_rgb(x.depth))
+    if x.flow_video is None and x.flow is not None:
+        white = np.full((1, *x.flow.shape[1:3], 3), 255, np.uint8)
+        x = dataclasses.replace(x, flow_video=np.concatenate([white, gv.flow_to_rgb(x.flow)]))
+    return x
 
 
 def load_generated(root: str | os.PathLike, name: str, num_frames: int) -> Generated:

@@ -6,6 +6,10 @@
   `serving.assemble.build_world_model` (`load_dit` / `load_vae` directories, or the tiny random
   models when neither is given).
   It also carries `reconstruct` (truth → VAE → truth), the "autoencoder" ceiling variant.
+* world4d: RynnWorld-4D (`serving.world4d.World4DModel.generate`): from the episode's first frame
+  and its depth, RGB + depth (metres) + flow (pixels), and the three streams' VAE round trip as
+  its "autoencoder" variant (`serving.assemble.build_world4d`: `load_dit4d` / `load_vae`, or tiny
+  random models). It takes the whole ground truth (`Truth`) and returns a `Generated`.
 * student: the causal student streamed block by block through `serving.session.StreamingSession`
   built as `serve.py demo --world sim` builds it (`serving.assemble.streaming_session`), rolled out by
   `serving.clip.rollout` (the last block's missing control frames hold the last pose).
@@ -21,10 +25,12 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from rynn_jax.serving.assemble import build_world_model, streaming_session
+from rynn_jax.eval.episodes import Generated, Truth, with_encodings
+from rynn_jax.serving.assemble import build_world4d, build_world_model, streaming_session
 from rynn_jax.serving.bidirectional import SamplingConfig, to_model_range, to_uint8
 from rynn_jax.serving.clip import episode_key, rollout
 from rynn_jax.serving.prompts import text_contexts
+from rynn_jax.serving.world4d import Sample4D, decoded_sample
 
 Runner = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]
 
@@ -40,12 +46,39 @@ def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
         return model.generate(episode_key(seed, name), reference_hw3, skeleton_thw3, contexts(prompt),
                               sampling)
 
-    def reconstruct(video_thw3: np.ndarray) -> np.ndarray:
+    def reconstruct(truth: Truth) -> Generated:
         """The ground truth through the VAE and back: the best any model in this latent space can do."""
-        return to_uint8(model.decode(model.encode(to_model_range(video_thw3)[None]))[0])
+        return Generated(to_uint8(model.decode(model.encode(to_model_range(truth.frames)[None]))[0]))
 
     run.reconstruct = reconstruct
     return run
+
+
+def world4d(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfig, *, text: str | None = None,
+            text_embeddings: str | None = None) -> Callable[[str, Truth], Generated]:
+    model = build_world4d(dit, vae, seed)
+    contexts = text_contexts(text, text_embeddings, model.dit_cfg.text_len, model.dit_cfg.text_dim)
+
+    def run(name: str, truth: Truth) -> Generated:
+        if truth.depth is None:
+            raise ValueError(f"episode {name}: no depth.npz, and RynnWorld-4D starts from the first frame's depth")
+        return generated(model.generate(episode_key(seed, name), truth.frames[0], truth.depth[0],
+                                        contexts(truth.prompt), len(truth.frames), sampling))
+
+    def reconstruct(truth: Truth) -> Generated:
+        """RGB, depth and flow videos through the shared VAE and back, read as metres and pixels."""
+        t = with_encodings(truth)
+        if t.depth_video is None or t.flow_video is None:
+            raise ValueError(f"episode {t.name}: no depth.npz / flow.npz to reconstruct")
+        back = model.decode(model.encode(to_model_range(np.stack([t.frames, t.depth_video, t.flow_video]))))
+        return generated(decoded_sample(back[0], back[1], back[2]))
+
+    run.reconstruct = reconstruct
+    return run
+
+
+def generated(s: Sample4D) -> Generated:
+    return Generated(s.rgb, s.depth, s.flow, depth_video=s.depth_video, flow_video=s.flow_video)
 
 
 def student(dit: str | None, vae: str | None, seed: int, *, text: str | None = None,

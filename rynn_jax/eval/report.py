@@ -194,7 +194,8 @@ def plot(out: Path, records: list[dict]) -> None:
     strips = [read_png(out / "strips" / f"{file_stem(r['episode'])}.png") for r in shown]
     aspect = max(s.shape[0] / s.shape[1] for s in strips)
     fig, axes = plt.subplots(len(shown), 1, figsize=(8, len(shown) * (6.6 * aspect + 0.4)), dpi=72, squeeze=False)
-    rows = ["skeleton", "generated"] + (["swapped"] if "model_swapped" in variants else []) + ["truth"]
+    rows = records[0]["strip_rows"] if "strip_rows" in records[0] else (  # a 4D model's rows, or the skeleton's
+        ["skeleton", "generated"] + (["swapped"] if "model_swapped" in variants else []) + ["truth"])
     for ax, r, img in zip(axes[:, 0], shown, strips):
         ax.imshow(img)
         h = img.shape[0] / len(rows)
@@ -244,7 +245,7 @@ def markdown(s: dict) -> str:
     lines = [f"# Evaluation: {cfg['model']}", "",
              f"{s['episodes']} episodes from `{cfg['episodes']}`, {', '.join(map(str, s['frames']))} frames at "
              f"{', '.join(f'{h}×{w}' for h, w in s['resolution'])}; seed {cfg['seed']}; weights: {cfg['weights']}"
-             + (f"; {cfg['steps']} sampler steps" if cfg["model"] == "teacher" else "") + ".",
+             + (f"; {cfg['steps']} sampler steps" if cfg["model"] in ("teacher", "world4d") else "") + ".",
              "Video scores average frames 1..N−1 (frame 0 is the given reference); the table shows the mean "
              "(± std) over episodes. Definitions: `rynn_jax/eval/metrics.py`.", ""]
     lines += summary_lines(s)
@@ -263,8 +264,10 @@ def markdown(s: dict) -> str:
         lines += ["", "![PSNR per chunk](psnr_per_chunk.png)", ""]
     lines += ["## Distributions over episodes", "", "![histograms](histograms.png)", "",
               "## Frame strips", "",
-              "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
-                                                       else "") + " | ground truth; frames evenly spaced.", "",
+              ("Rows: generated | truth | generated depth | true depth | generated flow | true flow"
+               if cfg["model"] == "world4d" else
+               "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
+                                                       else "") + " | ground truth") + "; frames evenly spaced.", "",
               "![frame strips](grid.png)", "",
               "Per-episode scores: [episodes.csv](episodes.csv) (also `episodes.parquet`); "
               "all numbers: [metrics.json](metrics.json); each episode's strip: `strips/`.", ""]
@@ -273,7 +276,8 @@ def markdown(s: dict) -> str:
 
 def summary_lines(s: dict) -> list[str]:
     """The results table (markdown) and the findings under it: what `eval.py` prints."""
-    shown = [m for m in ("psnr", "ssim", "lpips", "robot_psnr", "depth_absrel", "depth_delta1", "flow_epe")
+    shown = [m for m in ("psnr", "ssim", "lpips", "robot_psnr", "depth_absrel", "depth_delta1", "flow_epe",
+                         "depth_video_psnr", "flow_video_psnr")
              if any(m in v for v in s["variants"].values())]
     head = ["variant"] + [m + (" ↑" if METRICS[m][0] else " ↓") for m in shown] + ["FVD ↓"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -13,6 +13,13 @@ The student streams through `StreamingSession` in the layout it was distilled fo
 student's `student.json`: blocks, cache, chunk re-anchoring on its own last frame), for any number
 of frames; `--frames 481` on 30-s episodes gives six 80-frame chunks for the drift table and plot.
 
+RynnWorld-4D (`world4d`): the model starts from the episode's first frame and its depth (no
+control) and generates RGB, depth and flow; every variant is also scored on depth (AbsRel, δ1),
+flow (EPE in pixels) and the PSNR of the depth / flow videos as the model sees them
+(`episodes.with_encodings`); its "autoencoder" variant sends all three videos through the shared
+VAE. The generated depth and flow are saved beside the video in the sim's `depth.npz` / `flow.npz`
+format (so `--model generated` scores them again), with `depth.mp4` / `flow.mp4` to watch.
+
 Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
 first frame and noise, the next episode's control — a model that follows its control must lose
 PSNR here), "autoencoder" (teacher: the truth through its VAE and back, the ceiling of any model in
@@ -31,27 +38,28 @@ import numpy as np
 from tqdm import tqdm
 
 from rynn_jax.atomic import atomic_dir
+from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE
 from rynn_jax.eval import baselines, episodes, fvd, report
 from rynn_jax.eval.report import file_stem
 from rynn_jax.eval.score import score, summarize
 from rynn_jax.render.preview import save_png, save_video
 from rynn_jax.serving.bidirectional import SamplingConfig
 
-MODELS = ("generated", "teacher", "student")
+MODELS = ("generated", "teacher", "student", "world4d")
 STRIP_FRAMES = 6
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    model: Literal["generated", "teacher", "student"]
+    model: Literal["generated", "teacher", "student", "world4d"]
     episodes: str  # ground-truth episode root (robot layout)
     out: str
     generated: str | None = None  # model "generated": root of the generated episodes
     dit: str | None = None  # teacher/student weights (both or neither: tiny random models)
     vae: str | None = None
-    frames: int = 33  # frames compared per episode (teacher: rounded down to 1 + 4k)
+    frames: int = 33  # frames compared per episode (teacher, world4d: rounded down to 1 + 4k)
     resolution: tuple[int, int] | None = None  # H, W (default: the generated or ground-truth video's)
-    steps: int = 8  # teacher sampler steps
+    steps: int = 8  # teacher / world4d sampler steps
     max_episodes: int | None = None  # the first K episodes (sorted by name)
     seed: int = 0
     swap: bool = False  # also generate with the next episode's control (teacher/student)
@@ -68,6 +76,8 @@ class EvalConfig:
             raise ValueError("--generated DIR is needed with --model generated, and only with it")
         if self.model == "generated" and (self.dit or self.vae or self.swap):
             raise ValueError("--dit/--vae/--swap need a model to run (--model teacher or student)")
+        if self.model == "world4d" and self.swap:
+            raise ValueError("--swap: RynnWorld-4D has no control to swap")
         if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
             raise ValueError(f"--frames must be ≥ 2, --steps and --max-episodes ≥ 1; got {self.frames}, "
                              f"{self.steps}, {self.max_episodes}")
@@ -78,7 +88,7 @@ class EvalConfig:
 
 def _frames_for(cfg: EvalConfig, available: int) -> int:
     n = min(cfg.frames, available)
-    return 1 + 4 * ((n - 1) // 4) if cfg.model == "teacher" else n
+    return 1 + 4 * ((n - 1) // 4) if cfg.model in ("teacher", "world4d") else n
 
 
 def evaluate(cfg: EvalConfig) -> dict:
@@ -91,6 +101,12 @@ def evaluate(cfg: EvalConfig) -> dict:
         if missing:
             raise FileNotFoundError(f"--generated {cfg.generated}: {len(missing)} of {len(names)} episodes have no "
                                     f"{episodes.VIDEO_FILE}, e.g. {missing[0]}")
+    if cfg.model == "world4d":  # before any model is built
+        missing = [n for n in names if not all((Path(cfg.episodes) / n / f).is_file() for f in (DEPTH_FILE, FLOW_FILE))]
+        if missing:
+            raise FileNotFoundError(f"--episodes {cfg.episodes}: {len(missing)} of {len(names)} episodes have no "
+                                    f"{DEPTH_FILE} / {FLOW_FILE} (RynnWorld-4D starts from the first frame's depth), "
+                                    f"e.g. {missing[0]}")
     out = Path(cfg.out)
     (out / "episodes").mkdir(parents=True, exist_ok=True)
     _check_same_run(cfg, out)
@@ -105,6 +121,9 @@ def evaluate(cfg: EvalConfig) -> dict:
 def _runner(cfg: EvalConfig):
     from rynn_jax.eval import models
 
+    if cfg.model == "world4d":
+        return models.world4d(cfg.dit, cfg.vae, cfg.seed, SamplingConfig(num_steps=cfg.steps), text=cfg.text,
+                              text_embeddings=cfg.text_embeddings)
     if cfg.model == "teacher":
         return models.teacher(cfg.dit, cfg.vae, cfg.seed, SamplingConfig(num_steps=cfg.steps), text=cfg.text,
                               text_embeddings=cfg.text_embeddings)
@@ -134,6 +153,9 @@ def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: st
         if preds["model"].frames.shape[1:3] != (h, w):
             raise ValueError(f"--generated {cfg.generated}/{name}: frames {preds['model'].frames.shape[1:3]}, "
                              f"evaluating at {(h, w)} (drop --resolution)")
+    elif cfg.model == "world4d":
+        preds["model"] = runner(name, truth)
+        _save_generated(out / "generated" / name, preds["model"].frames, truth.skeleton, preds["model"])
     else:
         preds["model"] = episodes.Generated(runner(name, truth.frames[0], truth.skeleton, truth.prompt))
         _save_generated(out / "generated" / name, preds["model"].frames, truth.skeleton)
@@ -143,9 +165,12 @@ def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: st
             preds["model_swapped"] = episodes.Generated(runner(name, truth.frames[0], control, truth.prompt))
             _save_generated(out / "generated_swapped" / name, preds["model_swapped"].frames, control)
     if hasattr(runner, "reconstruct"):  # the latent space's own ceiling (teacher: its VAE round trip)
-        preds["autoencoder"] = episodes.Generated(runner.reconstruct(truth.frames))
+        preds["autoencoder"] = runner.reconstruct(truth)
     preds["copy_first_frame"] = baselines.copy_first_frame(truth)
     preds["shifted"] = baselines.shifted(truth, cfg.shift_frames)
+    if cfg.model == "world4d":  # depth and flow also scored as the videos the model generates
+        truth = episodes.with_encodings(truth)
+        preds = {v: episodes.with_encodings(p) for v, p in preds.items()}
 
     record = {"episode": name, "frames": n, "height": h, "width": w, "prompt": truth.prompt,
               "swap_partner": partner, "variants": {}}
@@ -158,10 +183,15 @@ def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: st
         clips = np.stack([p.frames[:n] for p in preds.values()] + [truth.frames])
         feats = dict(zip(variants, fvd.i3d_features(clips)))
         _atomic(out / "episodes" / f"{stem}.npz", lambda p: np.savez(p, **feats))
-    rows = [truth.skeleton, preds["model"].frames[:n]]
-    if "model_swapped" in preds:
-        rows.append(preds["model_swapped"].frames[:n])
-    rows.append(truth.frames)
+    if cfg.model == "world4d":
+        m = preds["model"]
+        rows = [m.frames[:n], truth.frames, m.depth_video[:n], truth.depth_video, m.flow_video[:n], truth.flow_video]
+        record["strip_rows"] = ["generated", "truth", "gen. depth", "true depth", "gen. flow", "true flow"]
+    else:
+        rows = [truth.skeleton, preds["model"].frames[:n]]
+        if "model_swapped" in preds:
+            rows.append(preds["model_swapped"].frames[:n])
+        rows.append(truth.frames)
     (out / "strips").mkdir(exist_ok=True)
     save_png(out / "strips" / f"{stem}.png", strip(rows))
     _atomic(out / "episodes" / f"{stem}.json", lambda p: Path(p).write_text(json.dumps(record)))
@@ -181,10 +211,19 @@ def _fit_length(video: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([video, np.repeat(video[-1:], n - len(video), axis=0)])
 
 
-def _save_generated(directory: Path, frames: np.ndarray, skeleton: np.ndarray) -> None:
+def _save_generated(directory: Path, frames: np.ndarray, skeleton: np.ndarray,
+                    geometry: episodes.Generated | None = None) -> None:
+    """The generated episode; with `geometry` (a 4D model's output) also its depth and flow in the
+    sim's files (depth in mm, uint16; flow float16) and their encoded videos."""
     with atomic_dir(directory) as tmp:
         save_video(tmp / episodes.VIDEO_FILE, frames, fps=16)
         save_video(tmp / "skeleton.mp4", skeleton[:len(frames)], fps=16)
+        if geometry is not None:
+            depth_mm = np.clip(np.round(geometry.depth * 1000.0), 0, np.iinfo(np.uint16).max).astype(np.uint16)
+            np.savez_compressed(tmp / DEPTH_FILE, depth_mm=depth_mm)
+            np.savez_compressed(tmp / FLOW_FILE, flow=geometry.flow.astype(np.float16))
+            save_video(tmp / "depth.mp4", geometry.depth_video, fps=16)
+            save_video(tmp / "flow.mp4", geometry.flow_video, fps=16)
 
 
 def _atomic(path: Path, write) -> None:

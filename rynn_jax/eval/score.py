@@ -17,6 +17,8 @@ from rynn_jax.eval.lpips import lpips
 METRICS = {
     "psnr": (True, "dB"), "ssim": (True, ""), "lpips": (False, ""), "robot_psnr": (True, "dB"),
     "depth_absrel": (False, ""), "depth_delta1": (True, ""), "flow_epe": (False, "px"),
+    # RynnWorld-4D: PSNR of the depth (grey) and flow (colour-wheel) videos the model generates
+    "depth_video_psnr": (True, "dB"), "flow_video_psnr": (True, "dB"),
 }
 
 
@@ -37,6 +39,11 @@ def score(pred: Generated, truth: Truth) -> dict[str, list[float]]:
             true_f = metrics.check_field("ground-truth flow", truth.flow[:m], (2,))
             pred_f = metrics.check_field("predicted flow", pred.flow[:m], (2,), like=true_f.shape)
             out["flow_epe"] = metrics.flow_epe(pred_f, true_f)
+    for name in ("depth_video", "flow_video"):
+        pv, tv = getattr(pred, name), getattr(truth, name)
+        if pv is not None and tv is not None:
+            pv, tv = metrics.check_pair(f"generated {name}", pv[:n], f"ground-truth {name}", tv[:n])
+            out[f"{name}_psnr"] = metrics.psnr(pv, tv)
     return {k: np.asarray(v, np.float64).tolist() for k, v in out.items()}
 
 

@@ -32,7 +32,8 @@ from collections.abc import Mapping
 import numpy as np
 from flax import nnx
 
-from rynn_jax.models.dit4d import MODALITIES, WanDiT4DConfig, abstract_dit4d
+from rynn_jax import converted_weights
+from rynn_jax.models.dit4d import MODALITIES, WanDiT4D, WanDiT4DConfig, abstract_dit4d, dit4d_from_params
 from rynn_jax.models.dit_weights import dit_rules
 from rynn_jax.torch_pickle import read_torch_checkpoint
 from rynn_jax.weights import (
@@ -85,6 +86,13 @@ def branch_as_dit(params4d: Mapping, branch: str) -> dict:
     if branch != "rgb":
         dit.update({p[1:]: v for p, v in flat.items() if p[0] == branch})
     return unflatten_params(dit)
+
+
+def load_dit4d(path: str | os.PathLike[str], dtype=None) -> WanDiT4D:
+    """A 4D model from a converted-weights directory (`training.export_weights` of a 4D run)."""
+    cfg = converted_weights.load_config(path, WanDiT4DConfig)
+    abstract = abstract_pure_params(nnx.state(abstract_dit4d(cfg), nnx.Param))
+    return dit4d_from_params(cfg, converted_weights.restore_params(path, abstract, dtype))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 --dit/--vae, the bundled student, or tiny random ones), the DiT and VAE built from them
 (`build_modules`, optionally FP8), and the world model around them — the causal student's
 `StreamingSession` in the layout it was distilled for (`serving_session`), or the bidirectional
-teacher (`build_world_model`).
+teacher (`build_world_model`), or RynnWorld-4D's three-branch model (`build_world4d`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rynn_jax.serving import student as student_lib
 from rynn_jax.serving.bidirectional import WorldModel
 from rynn_jax.serving.block_step import SERVING_STEPS
 from rynn_jax.serving.session import StreamingSession
+from rynn_jax.serving.world4d import World4DModel
 
 PIXEL_MULTIPLE = 32  # height and width: the VAE's 16× spatial downsampling × the DiT's 2×2 patches
 TINY_SIM_RESOLUTION = (96, 160)  # --world sim / generate with the tiny random networks
@@ -114,6 +115,20 @@ def build_world_model(dit_dir: str | None, vae_dir: str | None, seed: int, *, fp
                       fp8_scales: str | None = None, vae_fp8_scales: str | None = None) -> WorldModel:
     return WorldModel(*build_modules(dit_dir, vae_dir, seed, fp8=fp8, fp8_scales=fp8_scales,
                                      vae_fp8_scales=vae_fp8_scales))
+
+
+def build_world4d(dit_dir: str | None, vae_dir: str | None, seed: int) -> World4DModel:
+    """RynnWorld-4D's DiT (a converted 4D directory, `load_dit4d`) and the VAE its three
+    modalities share; neither given: tiny random ones (matching latents)."""
+    from rynn_jax.models.dit4d import WanDiT4DConfig, init_dit4d
+    from rynn_jax.models.dit4d_weights import load_dit4d
+
+    check_model_flags(dit=dit_dir, vae=vae_dir)
+    if dit_dir is None:
+        z = WanVAEConfig.tiny().z_dim
+        tiny = WanDiT4DConfig.tiny(base=WanDiTConfig.tiny(num_layers=3, eps=1e-5, in_channels=z, out_channels=z))
+        return World4DModel(init_dit4d(tiny, seed), init_vae(WanVAEConfig.tiny(), seed))
+    return World4DModel(load_dit4d(dit_dir), load_vae(vae_dir))
 
 
 def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool = False,

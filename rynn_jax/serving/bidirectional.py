@@ -46,10 +46,10 @@ class WorldModel:
         self._vae_graph, self._vae_state = nnx.split(vae)
 
     def encode(self, video_bthwc: jax.Array) -> jax.Array:
-        return _encode(self._vae_graph, self._vae_state, video_bthwc)
+        return vae_encode(self._vae_graph, self._vae_state, video_bthwc)
 
     def decode(self, latents_bthwc: jax.Array) -> jax.Array:
-        return _decode(self._vae_graph, self._vae_state, latents_bthwc)
+        return vae_decode(self._vae_graph, self._vae_state, latents_bthwc)
 
     def sample_latents(self, key: jax.Array, image_latent_b1hwc: jax.Array, control_bthwc: jax.Array,
                        context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:
@@ -72,12 +72,12 @@ class WorldModel:
 
 # Weights are arguments (not closure constants) so a 5B model is never baked into the executable.
 @functools.partial(jax.jit, static_argnums=0)
-def _encode(graph: nnx.GraphDef, state: nnx.State, video_bthwc: jax.Array) -> jax.Array:
+def vae_encode(graph: nnx.GraphDef, state: nnx.State, video_bthwc: jax.Array) -> jax.Array:
     return vae_lib.encode(graph, state, video_bthwc)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _decode(graph: nnx.GraphDef, state: nnx.State, latents_bthwc: jax.Array) -> jax.Array:
+def vae_decode(graph: nnx.GraphDef, state: nnx.State, latents_bthwc: jax.Array) -> jax.Array:
     return vae_lib.decode(graph, state, latents_bthwc)
 
 

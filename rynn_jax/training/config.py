@@ -35,6 +35,9 @@ class OptimConfig:
     # Storage dtype of Adam's first moment ("bfloat16" halves it: 10 GB less for the 5B model, the
     # second moment stays float32); "float32" = the params' float32 master dtype.
     mu_dtype: Literal["float32", "bfloat16"] = "float32"
+    # RynnWorld-4D: peak lr of the joint-attention output projections (the release's `joint_out`
+    # group, same warm-up and schedule); 0 = `lr` like every other parameter.
+    joint_out_lr: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

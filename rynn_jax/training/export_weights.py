@@ -5,6 +5,7 @@
 
 Takes the newest readable step of the run, uses the EMA weights (unless `--raw` or the run kept
 none), folds LoRA adapters into their kernels, and writes a plain `WanDiT` (control branch included)
+— or a RynnWorld-4D model (`load_dit4d`; the next stage's `ckpt.init_from`) —
 in the `rynn_jax.converted_weights` layout that `load_dit` and `ckpt.init_from` read; an add-plus model's
 running statistics go beside the weights in `control_stats.json` (models/control.py), which
 `load_dit`, `ckpt.init_from` and distillation's teacher read back.
@@ -24,6 +25,8 @@ from flax import nnx
 from rynn_jax import converted_weights, errors, sharding
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import control
+from rynn_jax.models.dit import WanDiTConfig
+from rynn_jax.models.dit4d import WanDiT4DConfig
 from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim, preflight
 from rynn_jax.training import state as state_lib
 
@@ -45,7 +48,7 @@ def export_weights(cfg: config_lib.TrainConfig, out_dir: str, use_ema: bool = Tr
     ckpt.close()
     if state is None:
         raise errors.MissingFileError(f"ckpt.dir {cfg.ckpt.dir}: no readable checkpoint")
-    graphdef = nnx.split(state_lib.abstract_model(cfg), lora.trainable_filter(cfg.lora), nnx.Param, ...)[0]
+    graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg)[0]
     params = state.ema if use_ema and len(jax.tree.leaves(state.ema)) else state.params
     model = nnx.merge(graphdef, params, state.frozen, state.stats)
     if cfg.lora.rank > 0:
@@ -63,10 +66,13 @@ def write_dit_dir(out_dir: str, pure: dict, model_cfg, stats, extra: Callable[[s
     looks like a finished one): the weights (`pure`, in their storage dtype; the recorded config
     says float32, what loaders cast back to), add-plus's running statistics `stats` as a record
     beside them, and whatever `extra(tmp_dir)` adds."""
-    model_cfg = dataclasses.replace(model_cfg, param_dtype="float32")
+    if isinstance(model_cfg, WanDiT4DConfig):
+        model_cfg = dataclasses.replace(model_cfg, base=dataclasses.replace(model_cfg.base, param_dtype="float32"))
+    else:
+        model_cfg = dataclasses.replace(model_cfg, param_dtype="float32")
     with atomic_dir(out_dir) as tmp:
         converted_weights.save_params(tmp, pure, model_cfg)
-        if model_cfg.control == "add-plus":
+        if isinstance(model_cfg, WanDiTConfig) and model_cfg.control == "add-plus":
             control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(stats), model_cfg)
         if extra is not None:
             extra(tmp)

@@ -20,16 +20,25 @@ SHAPE_FIELDS = ("dim", "num_layers", "num_heads", "ffn_dim", "freq_dim", "in_cha
 
 
 def check_converted_weights(path: str, field: str, model: Any) -> None:
-    """`path` is a `rynn_jax.convert` output whose DiT has `model`'s parameter shapes."""
+    """`path` is a `rynn_jax.convert` output whose DiT has `model`'s parameter shapes (a RynnWorld-4D
+    `model`: a Wan DiT shaped like its branches, or a 4D export of the same size)."""
     from rynn_jax import converted_weights
     from rynn_jax.models.dit import WanDiTConfig
+    from rynn_jax.models.dit4d import WanDiT4DConfig
 
     errors.existing(path, field, kind="directory")
     if not converted_weights.is_converted_dir(path):
         raise errors.InputError(f"{field} {path}: not a converted model directory (no {converted_weights.PARAMS_DIR}/ "
                                 f"and {converted_weights.CONFIG_FILE})", fix="make one with python -m rynn_jax.convert")
     try:
-        have = converted_weights.load_config(path, WanDiTConfig)
+        if isinstance(model, WanDiT4DConfig):
+            model = model.base
+            if converted_weights.saved_class(path) == WanDiT4DConfig.__name__:  # a previous stage's export
+                have = converted_weights.load_config(path, WanDiT4DConfig).base
+            else:
+                have = converted_weights.load_config(path, WanDiTConfig)
+        else:
+            have = converted_weights.load_config(path, WanDiTConfig)
     except (ValueError, TypeError, OSError) as e:
         raise errors.InputError(f"{field} {path}: unreadable {converted_weights.CONFIG_FILE} ({e})") from None
     diff = [f"{k} {getattr(have, k)} (config {getattr(model, k)})" for k in SHAPE_FIELDS
@@ -46,6 +55,22 @@ def check_checkpoint_dir(path: str, field: str) -> None:
     if not steps:
         raise errors.InputError(f"{field} {path}: no finished checkpoint step in it",
                                 fix="point it at a run's ckpt directory")
+
+
+def check_4d_shard(path: str, field: str) -> None:
+    """The first record of a shard holds the depth and flow latents RynnWorld-4D trains on."""
+    from rynn_jax.data import shards
+    from rynn_jax.training.loss4d import TRAIN_KEYS
+
+    try:
+        record = shards.first_record(path)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise errors.InputError(f"{field} {path}: unreadable shard ({e})") from None
+    missing = [k for k in TRAIN_KEYS if record is not None and k not in record]
+    if record is None or missing:
+        raise errors.InputError(f"{field} {path}: " + ("no records" if record is None else
+                                f"records lack {', '.join(missing)} (RGB-only shards)"),
+                                fix="pre-encode with python -m rynn_jax.data.preencode --geometry")
 
 
 def check(cfg: Any) -> None:
@@ -69,13 +94,13 @@ def check(cfg: Any) -> None:
             if not glob.glob(pattern):
                 raise errors.MissingFileError(f"data.sources[{name!r}] {pattern}: no shard files match",
                                               fix="write them with python -m rynn_jax.data.preencode")
+            if type(cfg.loss).__name__ == "World4DLossConfig":
+                check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]")
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
             raise errors.UsageError(f"data.weights names sources not in data.sources: {unknown}")
-    if cfg.ckpt.init_from:  # RynnWorld-4D starts from a Wan DiT: its branches' architecture
-        from rynn_jax.models.dit4d import WanDiT4DConfig
-        model = cfg.model.base if isinstance(cfg.model, WanDiT4DConfig) else cfg.model
-        check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", model)
+    if cfg.ckpt.init_from:  # RynnWorld-4D starts from a Wan DiT (its branches' architecture) or a 4D export
+        check_converted_weights(cfg.ckpt.init_from, "ckpt.init_from", cfg.model)
     if getattr(cfg, "phase", "") == "dmd" and cfg.student_from:
         from rynn_jax import converted_weights
         if converted_weights.is_converted_dir(cfg.student_from):  # exported student weights

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rynn_jax import sharding
 from rynn_jax.models.dit import WanDiT, WanDiTConfig
@@ -89,9 +89,12 @@ def logical_specs(abstract: TrainState, tx: optax.GradientTransformation) -> Tra
 
     param_specs = specs(abstract.params)
     unwrap = lambda tree: jax.tree.map(lambda v: v, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    # multi_transform (optim.joint_out_lr) keeps each group's moments as the params with the other
+    # group's entries masked out (MaskedNode, no leaves): those stay masked
+    masked = optax.transforms.MaskedNode
     opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, abstract.opt_state, unwrap(param_specs),
-        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, PartitionSpec))
+        tx, lambda v, spec: v if isinstance(v, masked) else spec, abstract.opt_state, unwrap(param_specs),
+        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, PartitionSpec | masked))
     replicated = lambda tree: jax.tree.map(lambda _: PartitionSpec(), tree)
     return TrainState(step=PartitionSpec(), params=param_specs, frozen=specs(abstract.frozen),
                       stats=replicated(abstract.stats), opt_state=opt_specs,
@@ -118,26 +121,59 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     `path` (rynn_jax.converted_weights layout: a plain WanDiT), restored straight into their shardings.
     LoRA keeps base paths, so they match; adapters and a control branch the checkpoint lacks keep
     their init. The EMA restarts from the loaded params; an add-plus model's running statistics
-    come from its control_stats.json when it has one."""
+    come from its control_stats.json when it has one.
+
+    RynnWorld-4D: a Wan DiT becomes the base (RGB branch) and is cloned into depth and flow (the
+    paper's init); its control branch, if any, is left out (the 4D model has none). A 4D model's
+    own export (the previous stage) loads path by path; joint-attention parameters it lacks (stage 1
+    has none) keep their init."""
     from rynn_jax import converted_weights  # orbax, only when used
     from rynn_jax.models import control
     from rynn_jax.models.dit import abstract_dit
 
-    ckpt_cfg = converted_weights.load_config(path, WanDiTConfig)
-    want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
     have = {**_flat(nnx.to_pure_dict(state.params)), **_flat(nnx.to_pure_dict(state.frozen))}
     have_sh = {**_flat(nnx.to_pure_dict(shardings.params)), **_flat(nnx.to_pure_dict(shardings.frozen))}
     world4d = any(k[0] == "base" for k in have)  # RynnWorld-4D: the Wan DiT is its base (RGB branch)
+    if world4d and converted_weights.saved_class(path) == WanDiT4DConfig.__name__:
+        return _load_4d_export(state, path, have, have_sh)
+    ckpt_cfg = converted_weights.load_config(path, WanDiTConfig)
+    want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
+    dropped = {k for k in want if world4d and k[0] == "control"}  # restored (replicated), then left out
     at = (lambda k: ("base",) + k) if world4d else (lambda k: k)  # noqa: E731
-    bad = sorted(".".join(map(str, k)) for k in want if at(k) not in have or have[at(k)].shape != want[k].shape)
+    bad = sorted(".".join(map(str, k)) for k in want
+                 if k not in dropped and (at(k) not in have or have[at(k)].shape != want[k].shape))
     if bad:
         raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
-    restored = _flat(converted_weights.restore_params(
-        path, unflatten_params(want), shardings=unflatten_params({k: have_sh[at(k)] for k in want})))
+    replicated = NamedSharding(next(iter(have_sh.values())).mesh, PartitionSpec())
+    restored = _flat(converted_weights.restore_params(path, unflatten_params(want), shardings=unflatten_params(
+        {k: replicated if k in dropped else have_sh[at(k)] for k in want})))
     if world4d:  # the paper's init: depth and flow start as copies of RGB
         from rynn_jax.models.dit4d_weights import clone_rgb
-        restored = _flat(clone_rgb(unflatten_params(have), unflatten_params(restored)))
+        kept = unflatten_params({k: v for k, v in restored.items() if k not in dropped})
+        restored = _flat(clone_rgb(unflatten_params(have), kept))
+        # own buffers for the copies: the train step donates the state, and one buffer twice fails
+        restored = {k: jnp.copy(v) if k[0] in ("depth", "flow") else v for k, v in restored.items()}
 
+    state = _filled(state, restored)
+    return dataclasses.replace(state, stats=control.load_stats_into(state.stats, path, ckpt_cfg))
+
+
+def _load_4d_export(state: TrainState, path: str, have: dict, have_sh: dict) -> TrainState:
+    from rynn_jax import converted_weights
+    from rynn_jax.models.dit4d import abstract_dit4d
+
+    saved = converted_weights.load_config(path, WanDiT4DConfig)
+    want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit4d(saved), nnx.Param)))
+    bad = sorted(".".join(map(str, k)) for k in want if k not in have or have[k].shape != want[k].shape)
+    if bad:
+        raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
+    restored = _flat(converted_weights.restore_params(path, unflatten_params(want),
+                                                      shardings=unflatten_params({k: have_sh[k] for k in want})))
+    return _filled(state, restored)
+
+
+def _filled(state: TrainState, restored: dict) -> TrainState:
+    """`state` with the `restored` params (flat) in place, the EMA restarted from them."""
     def fill(tree: nnx.State) -> nnx.State:
         flat = _flat(nnx.to_pure_dict(tree))
         flat.update({k: restored[k].astype(v.dtype) for k, v in flat.items() if k in restored})
@@ -146,8 +182,7 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
 
     params, frozen = fill(state.params), fill(state.frozen)
     ema = jax.tree.map(jnp.copy, params) if len(state.ema) else state.ema
-    return dataclasses.replace(state, params=params, frozen=frozen, ema=ema, stats=control.load_stats_into(
-        state.stats, path, ckpt_cfg))
+    return dataclasses.replace(state, params=params, frozen=frozen, ema=ema)
 
 
 def _flat(tree: dict) -> dict[tuple, Any]:

@@ -1,0 +1,125 @@
+"""RynnWorld-4D synthesis: a first frame (RGB and its depth) and a prompt → RGB, depth in metres and
+optical flow in pixels (docs/RYNNWORLD4D.md).
+
+TI2V as the teacher's sampler (serving/bidirectional.py), in three branches at once: each modality's
+frame-0 latent is its clean condition at t = 0 — the reference image, the depth of that frame as
+the depth video's grey (`data/geometry_video.py`) and the white flow frame, each through the VAE.
+One noise ε starts all three branches (the 4D loss's shared noise), and the three latents are
+integrated by the teacher's flow-matching solvers (`diffusion.samplers.SOLVERS`) stacked on the
+channel axis: every solver update is a per-step scalar combination, so on stacked channels it is
+exactly three schedulers running side by side, while the velocity function splits the stack for
+the 4D DiT. With the same key the RGB branch starts from the noise the teacher's sampler draws.
+The VAE decodes the three latents; `geometry_video` inverts the depth and flow encodings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rynn_jax.data import geometry_video as gv
+from rynn_jax.diffusion import samplers
+from rynn_jax.models.dit4d import Latents, WanDiT4D
+from rynn_jax.models.vae import WanVAE
+from rynn_jax.serving.bidirectional import SamplingConfig, to_model_range, to_uint8, vae_decode, vae_encode
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample4D:
+    """One generated clip of T frames (frame 0 reproduces the given first frame)."""
+
+    rgb: np.ndarray  # (T, H, W, 3) uint8
+    depth_video: np.ndarray  # (T, H, W, 3) uint8, the generated grey encoding
+    flow_video: np.ndarray  # (T, H, W, 3) uint8, the generated colour-wheel encoding (frame 0 ≈ white)
+    depth: np.ndarray  # (T, H, W) float32 metres, decoded from the grey
+    flow: np.ndarray  # (T − 1, H, W, 2) float32 pixels, flow i → i + 1 decoded from colour frame i + 1
+
+
+class World4DModel:
+    """The 4D DiT plus the VAE all three modalities share, split once for jitted calls.
+    `rgb_decay`: the RGB joint-injection scale the model was trained to (a released checkpoint
+    stores it; 1 without the decay)."""
+
+    def __init__(self, dit: WanDiT4D, vae: WanVAE, rgb_decay: float = 1.0):
+        if dit.cfg.in_channels != vae.cfg.z_dim:
+            raise ValueError(f"the 4D DiT takes {dit.cfg.in_channels}-channel latents, the VAE makes {vae.cfg.z_dim}")
+        self.dit_cfg, self.vae_cfg, self.rgb_decay = dit.cfg, vae.cfg, float(rgb_decay)
+        self._dit_graph, self._dit_state = nnx.split(dit)
+        self._vae_graph, self._vae_state = nnx.split(vae)
+
+    def encode(self, video_bthwc: jax.Array) -> jax.Array:
+        return vae_encode(self._vae_graph, self._vae_state, video_bthwc)
+
+    def decode(self, latents_bthwc: jax.Array) -> jax.Array:
+        return vae_decode(self._vae_graph, self._vae_state, latents_bthwc)
+
+    def first_latents(self, reference_hw3: np.ndarray, depth_hw: np.ndarray) -> Latents:
+        """The frame-0 conditions (1, 1, h, w, C): the reference image, its depth (metres) as the
+        grey encoding, the white flow frame; one VAE call."""
+        ref = np.asarray(reference_hw3)
+        depth = np.asarray(depth_hw)
+        if ref.ndim != 3 or ref.shape[-1] != 3 or ref.dtype != np.uint8:
+            raise ValueError(f"reference image: expected uint8 (H, W, 3), got {ref.dtype} {ref.shape}")
+        if depth.shape != ref.shape[:2]:
+            raise ValueError(f"reference depth {depth.shape} does not match the reference image's {ref.shape[:2]}")
+        if not np.isfinite(depth).all() or depth.min() < 0:
+            raise ValueError("reference depth: expected finite metres ≥ 0 (0 = nothing)")
+        frames = np.stack([ref, gv.depth_to_rgb(depth), np.full_like(ref, 255)])
+        z = self.encode(to_model_range(frames[:, None]))
+        return tuple(z[i:i + 1] for i in range(3))
+
+    def sample_latents(self, key: jax.Array, first: Latents, context_bsk: jax.Array, num_latent_frames: int,
+                       sampling: SamplingConfig) -> Latents:
+        """The three clips' latents (B, T', h, w, C) from their frame-0 latents (B, 1, h, w, C)."""
+        shapes = {z.shape for z in first}
+        if len(shapes) != 1 or first[0].ndim != 5 or first[0].shape[1] != 1:
+            raise ValueError(f"frame-0 latents must be three arrays of one shape (B, 1, h, w, C), got {shapes}")
+        if num_latent_frames < 2:
+            raise ValueError(f"num_latent_frames must be ≥ 2 (frame 0 is given), got {num_latent_frames}")
+        return _sample(self._dit_graph, self._dit_state, key, tuple(first), context_bsk, num_latent_frames,
+                       sampling, jnp.float32(self.rgb_decay))
+
+    def generate(self, key: jax.Array, reference_hw3: np.ndarray, depth_hw: np.ndarray, context_sk: np.ndarray,
+                 num_frames: int, sampling: SamplingConfig = SamplingConfig()) -> Sample4D:
+        """`num_frames` (1 + k·VAE temporal stride) of RGB, depth and flow from the reference image
+        (H, W, 3) uint8, its depth (H, W) in metres, and the text context (S, D)."""
+        stride = self.vae_cfg.temporal_stride
+        if num_frames < 1 + stride or (num_frames - 1) % stride:
+            raise ValueError(f"num_frames must be 1 + {stride}k with k ≥ 1 (the VAE's temporal stride), got {num_frames}")
+        first = self.first_latents(reference_hw3, depth_hw)
+        z = self.sample_latents(key, first, jnp.asarray(context_sk)[None], 1 + (num_frames - 1) // stride, sampling)
+        return decoded_sample(*(self.decode(zm)[0] for zm in z))
+
+
+def decoded_sample(rgb_thw3: jax.Array, depth_thw3: jax.Array, flow_thw3: jax.Array) -> Sample4D:
+    """Decoded videos in [−1, 1] → the clip, depth and flow read off their unrounded colours."""
+    depth_v, flow_v = (np.asarray(v, np.float32) for v in (depth_thw3, flow_thw3))
+    levels = lambda v: (np.clip(v, -1, 1) + 1) * 127.5  # noqa: E731 -- [0, 255]
+    return Sample4D(rgb=to_uint8(rgb_thw3), depth_video=to_uint8(depth_v), flow_video=to_uint8(flow_v),
+                    depth=gv.rgb_to_depth(levels(depth_v)), flow=gv.rgb_to_flow(levels(flow_v[1:])))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _sample(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, first: Latents, context_bsk: jax.Array,
+            num_latent_frames: int, sampling: SamplingConfig, rgb_decay: jax.Array) -> Latents:
+    dit = nnx.merge(graph, state)
+    b, _, h, w, c = first[0].shape
+
+    def model_fn(x, t_bf, ctx):  # (B, T', h, w, 3C) → the three velocities, stacked the same way
+        return jnp.concatenate(dit(*jnp.split(x, 3, axis=-1), t_bf, ctx, rgb_decay=rgb_decay), axis=-1)
+
+    if sampling.guidance_scale == 1.0:
+        velocity_fn = functools.partial(model_fn, ctx=context_bsk)
+    else:
+        velocity_fn = samplers.make_cfg_velocity_fn(model_fn, context_bsk, jnp.zeros_like(context_bsk),
+                                                    sampling.guidance_scale)
+    eps = samplers.initial_noise(key, (b, num_latent_frames, h, w, c))  # one ε for the three branches
+    x = samplers.SOLVERS[sampling.solver](
+        velocity_fn, jnp.concatenate([eps] * 3, axis=-1), num_steps=sampling.num_steps, shift=sampling.shift,
+        first_frame_latent=jnp.concatenate(first, axis=-1))
+    return tuple(jnp.split(x, 3, axis=-1))

@@ -1,0 +1,95 @@
+"""`eval.py --model world4d` end to end on a tiny random 4D model and one sim episode (the bundled
+test episode with a smooth depth and flow field added; evaluated at a smaller size, so the
+fields go through the evaluation's crop): every variant scored on RGB, depth (AbsRel, δ1 after
+median scaling), flow (EPE in pixels) and the depth/flow videos, against float64 closed forms of
+the saved predictions; bad inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from rynn_jax import errors
+from rynn_jax.eval import episodes
+
+H, W, T = 64, 96, 9
+
+
+EPISODE = "tests/data/synthetic_heldout/lid_placement/episode_000000"  # 113 frames, 128×224
+
+
+@pytest.fixture(scope="module")
+def sim_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sim")
+    shutil.copytree(EPISODE, root / "lid_placement/episode_000000")
+    n, h, w = 113, 128, 224
+    t, y, x = np.meshgrid(np.arange(n), np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    depth_mm = (1000 * (0.6 + 1.5 * y + 0.3 * x + 0.01 * t)).astype(np.uint16)  # a tilted plane, receding
+    depth_mm[:, :8] = 0  # "nothing hit": left out of the depth scores
+    angle = 0.02 * t[:-1]
+    flow = np.stack([3 + 4 * np.cos(angle) * (y[:-1] - 0.5), -2 + 6 * np.sin(angle) * x[:-1]], -1)
+    np.savez_compressed(root / "lid_placement/episode_000000/depth.npz", depth_mm=depth_mm)
+    np.savez_compressed(root / "lid_placement/episode_000000/flow.npz", flow=flow.astype(np.float16))
+    return root
+
+
+def _run(argv):
+    import eval as eval_cli
+
+    return eval_cli.main(argv)
+
+
+def _absrel_delta1(pred: np.ndarray, true: np.ndarray) -> tuple[float, float]:
+    """Mean over frames 1.. of the per-frame AbsRel and δ1 after median scaling (float64)."""
+    absrel, delta1 = [], []
+    for p, t in zip(pred[1:].astype(np.float64), true[1:].astype(np.float64)):
+        v = t > 0
+        s = np.median(t[v]) / np.median(p[v])
+        absrel.append(np.mean(np.abs(s * p[v] - t[v]) / t[v]))
+        delta1.append(np.mean(np.maximum(s * p[v] / t[v], t[v] / (s * p[v])) < 1.25))
+    return float(np.mean(absrel)), float(np.mean(delta1))
+
+
+def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile):
+    out = tmp_path / "w4d"
+    s = _run(["--model", "world4d", "--episodes", str(sim_root), "--out", str(out), "--frames", str(T),
+              "--steps", "1", "--no-fvd", "--resolution", f"{H}x{W}"])
+    assert set(s["variants"]) == {"model", "autoencoder", "copy_first_frame", "shifted"}
+    for v in s["variants"].values():
+        assert set(v) >= {"psnr", "ssim", "lpips", "depth_absrel", "depth_delta1", "flow_epe", "depth_video_psnr",
+                          "flow_video_psnr"}
+    (name,) = episodes.list_episodes(sim_root)
+    rec = json.loads((out / "episodes" / f"{name.replace('/', '__')}.json").read_text())
+    truth = episodes.load_truth(sim_root, name, T, H, W)
+    gen = episodes.load_generated(out / "generated", name, T)  # what the model made, from the saved files
+    assert gen.depth.shape == (T, H, W) and gen.flow.shape == (T - 1, H, W, 2)
+    model = rec["variants"]["model"]["video"]
+    absrel, delta1 = _absrel_delta1(gen.depth, truth.depth)  # saved in mm: 0.5 mm rounding
+    assert model["depth_absrel"] == pytest.approx(absrel, rel=2e-3, abs=1e-3)
+    assert model["depth_delta1"] == pytest.approx(delta1, abs=2e-2)
+    epe = np.linalg.norm(gen.flow.astype(np.float64) - truth.flow, axis=-1).mean()
+    assert model["flow_epe"] == pytest.approx(epe, rel=1e-3)
+    # copy-first-frame: zero flow, so its EPE is the truth's mean flow length; frame 0's depth held
+    cff = rec["variants"]["copy_first_frame"]["video"]
+    assert cff["flow_epe"] == pytest.approx(np.linalg.norm(truth.flow.astype(np.float64), axis=-1).mean(), rel=1e-5)
+    assert cff["depth_absrel"] == pytest.approx(_absrel_delta1(np.repeat(truth.depth[:1], T, 0), truth.depth)[0],
+                                                rel=1e-4)
+    assert np.isfinite([s["variants"]["autoencoder"][m]["mean"] for m in ("depth_absrel", "flow_epe")]).all()
+    assert "depth_video_psnr" in (out / "report.md").read_text()
+    # the saved generation scores the same as --model generated (the sim's depth/flow files)
+    again = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
+                  "--out", str(tmp_path / "gen"), "--frames", str(T), "--no-fvd", "--resolution", f"{H}x{W}"])
+    assert again["variants"]["model"]["flow_epe"]["mean"] == pytest.approx(model["flow_epe"], rel=1e-3)  # float16 file
+    assert again["variants"]["model"]["depth_absrel"]["mean"] == pytest.approx(model["depth_absrel"], rel=2e-3)
+
+
+def test_eval_world4d_bad_inputs(tmp_path):
+    with pytest.raises(errors.UsageError, match="no control to swap"):
+        _run(["--model", "world4d", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "a"),
+              "--swap"])
+    with pytest.raises(FileNotFoundError, match="1 of 1 episodes have no depth.npz"):  # copies without depth
+        _run(["--model", "world4d", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "b"),
+              "--frames", "5", "--steps", "1", "--no-fvd", "--max-episodes", "1"])
