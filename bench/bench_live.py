@@ -123,7 +123,7 @@ async def main_async(a, server_argv: list[str]) -> dict:
     finally:
         await server.shutdown()
     return {"bench": "live", "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "slots": counts[-1], "resolution": list(sa.resolution), "weights": "converted" if sa.dit else "tiny random",
+            "slots": counts[-1], "resolution": [server.world.height, server.world.width], "weights": server.cfg.weights,
             "build_and_compile_s": round(compile_s, 1), "rows": rows,
             "ok": all(all(r["checks"].values()) for r in rows)}
 

@@ -140,29 +140,41 @@ def test_demo_end_to_end_small(tmp_path):
         demo.run(tmp_path / "bad", num_frames=81, sample_dir=sample)
 
 
-def test_demo_sim_world_end_to_end(tmp_path, capsys, monkeypatch):
-    """`python serve.py demo --world sim` (demo v0) with its defaults' weights — the bundled teacher
-    while no student is bundled — at their 128×224 on a short held-out episode: all outputs written
-    and consistent, and the generated frames closer to the truth than a copy of the first frame
-    (scikit-image's PSNR of the written frames; the teacher's held-out margin is 2.6 dB)."""
+@pytest.mark.parametrize("bundled", ["student", "teacher"])
+def test_demo_sim_world_end_to_end(bundled, tmp_path, capsys, monkeypatch):
+    """`python serve.py demo --world sim` (demo v0) with its defaults' weights at their 128×224 on a
+    short held-out episode: the bundled student streamed block by block, and (a checkout whose
+    weights hold no student) the bundled teacher sampling the clip at once. All outputs written and
+    consistent, and the generated frames closer to the truth than a copy of the first frame
+    (scikit-image's PSNR of the written frames; held-out margins: docs/FIDELITY.md)."""
 
     from skimage.metrics import peak_signal_noise_ratio
 
     from rynn_jax.kinematics import layout, mjcf_model
     from rynn_jax.serving import student as student_lib
 
-    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(student_lib.BUNDLED_ROOT))  # the committed weights
+    root = student_lib.BUNDLED_ROOT  # the committed weights
+    if bundled == "teacher":  # the same weights without the student
+        root = tmp_path / "weights"
+        root.mkdir()
+        for part in ("teacher", "autoencoder"):
+            (root / part).symlink_to(student_lib.BUNDLED_ROOT / part, target_is_directory=True)
+    monkeypatch.setenv(student_lib.WEIGHTS_ENV, str(root))
     out = tmp_path / "demo_sim"
     demo.main(["--world", "sim", "--out", str(out), "--task", "dual_pick", "--frames", "33",
                "--episode-frames", "49", "--steps", "4"])
     printed = capsys.readouterr()
     assert f"outputs in {os.path.abspath(out)}:" in printed.out and "side_by_side.mp4" in printed.out
-    assert "no bundled student yet: the bundled teacher" in printed.err
+    assert ("no bundled student yet: the bundled teacher" in printed.err) == (bundled == "teacher")
     summary = json.loads((out / "summary.json").read_text())
     n, h, w = 33, 128, 224
     assert summary["world"] == "sim" and summary["task"] == "dual_pick" and summary["seed"] == 1_000_000
     assert summary["frames"] == n and summary["resolution"] == [h, w] and summary["actions_shape"] == [n, 54]
-    assert summary["weights"] == "bundled teacher" and summary["sampling"]["teacher"]["num_steps"] == 4
+    assert summary["weights"] == f"bundled {bundled}"
+    if bundled == "teacher":
+        assert summary["sampling"]["teacher"]["num_steps"] == 4
+    else:  # streamed as served: the spec it was distilled for
+        assert summary["sampling"]["student"]["steps"]["num_steps"] == 4
     assert summary["episode_success"] is (summary["episode_failures"] == [])
     ep = np.load(out / "episode.npz")
     for name in ("frames", "ground_truth", "skeleton"):

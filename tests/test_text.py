@@ -35,3 +35,16 @@ def test_errors_name_the_problem(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x07" * 20)
     with pytest.raises(ValueError, match="cannot read text embedding"):
         load_text_context(tmp_path / "bad.safetensors", text_dim=32)
+
+
+def test_text_contexts_give_bundled_weights_their_hashed_prompts():
+    """Commands serving the bundled synthetic weights (trained on hashed task prompts) give each
+    stream its prompt's hashed context; other weights keep the all-zero context by default."""
+    from rynn_jax.serving.prompts import text_contexts
+    from rynn_jax.text import hashed_embedding
+
+    a, b = "Place the lid onto the box.", "Pick up both blocks."
+    hashed = text_contexts(None, None, 4, 64, hashed=True)
+    np.testing.assert_array_equal(hashed(a), hashed_embedding(a, 4, 64))
+    assert hashed(a).shape == (4, 64) and not np.allclose(hashed(a), hashed(b))
+    assert not text_contexts(None, None, 4, 64)(a).any()

@@ -46,7 +46,7 @@ from rynn_jax.live.recorder import Recorder
 from rynn_jax.live.replay import Replay
 from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
-from rynn_jax.serving.assemble import check_model_flags, check_resolution, streaming_session
+from rynn_jax.serving.assemble import check_model_flags, check_resolution, choose_weights, session_for
 from rynn_jax.serving.clip import fit_image
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.teleop.camera_hands import camera_pose
@@ -55,6 +55,7 @@ from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_ref
 STATIC_DIR = Path(__file__).with_name("static")
 TOKEN_ENV = "RYNN_LIVE_TOKEN"
 LOOPBACK_NAMES = ("localhost",)
+DEFAULT_RESOLUTION = (96, 160)  # the tiny random networks' size, when no student says its own
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -506,8 +507,9 @@ def _rss_mb() -> float:
 
 def build(a) -> LiveServer:
     """The world model (compiled, warmed up), the IK and the server for parsed flags."""
-    session = streaming_session(a.dit, a.vae, a.seed, tae=a.tae)
-    height, width = a.resolution
+    weights = choose_weights(a.dit, a.vae)
+    session = session_for(weights, a.seed, tae=a.tae)
+    height, width = a.resolution or weights.resolution(DEFAULT_RESOLUTION)
     world = LiveWorld(session, a.max_sessions, height, width, seed=a.seed, max_wait_s=a.max_wait)
     print(f"compiling the world model for {a.max_sessions} sessions at {height}x{width} ...", flush=True)
     t = time.perf_counter()
@@ -515,11 +517,12 @@ def build(a) -> LiveServer:
     kin = Kinematics.build()
     kin.warm_up()
     print(f"compiled in {time.perf_counter() - t:.0f} s", flush=True)
-    contexts = text_contexts(a.text, a.text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
+    contexts = text_contexts(a.text, a.text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
+                             hashed=weights.bundled)
     cfg = LiveConfig(host=a.host, port=a.port, token=a.token, max_message_bytes=a.max_message_bytes,
                      max_frame_bytes=a.max_frame_bytes, max_fps=a.max_fps, idle_timeout_s=a.idle_timeout,
                      record_dir=Path(a.record_dir), seed=a.seed, replay_fps=a.replay_fps,
-                     weights="converted" if a.dit else "tiny random (demo)")
+                     weights=weights.label)
     return LiveServer(world, kin, contexts, cfg)
 
 
@@ -545,8 +548,9 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"required on connect (default: ${TOKEN_ENV})")
     p.add_argument("--max-sessions", type=int, default=2, help="concurrent sessions = the world model's batch")
-    p.add_argument("--resolution", default=(96, 160), type=height_width,
-                   help="HxW of the generated video (480x832 for the released models)")
+    p.add_argument("--resolution", default=None, type=height_width,
+                   help="HxW of the generated video (default: the student's training size, else "
+                        f"{DEFAULT_RESOLUTION[0]}x{DEFAULT_RESOLUTION[1]}; 480x832 for the released models)")
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
     p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")
@@ -576,7 +580,8 @@ def check(a) -> None:
             or not a.replay_fps > 0):
         raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps, "
                                 "--idle-timeout and --replay-fps > 0")
-    check_resolution(*a.resolution)
+    if a.resolution is not None:
+        check_resolution(*a.resolution)
     check_model_flags(dit=a.dit, vae=a.vae, tae=a.tae, text=a.text)
     if a.text_embeddings:
         errors.existing(a.text_embeddings, "--text-embeddings", kind="directory")

@@ -36,6 +36,9 @@ class Weights:
     vae: str | None
     spec: student_lib.StudentSpec | None  # a student's serving layout (None: the demo's tiny rolling one)
     label: str  # for summaries
+    # The repository's synthetic-world weights: trained with each task's hashed prompt
+    # (`rynn_jax.text.hashed_embedding`), which the commands then give them by default.
+    bundled: bool = False
 
     def resolution(self, fallback: tuple[int, int]) -> tuple[int, int]:
         """The size the weights were trained at (a student's spec says), else `fallback`."""
@@ -54,7 +57,7 @@ def choose_weights(dit: str | None, vae: str | None, random_weights: bool = Fals
         if bundled is None:
             print(student_lib.absent_message(), file=sys.stderr)
             return Weights(None, None, None, "tiny random (no bundled weights)")
-        return Weights(bundled.student, bundled.autoencoder, bundled.spec, "bundled student")
+        return Weights(bundled.student, bundled.autoencoder, bundled.spec, "bundled student", bundled=True)
     spec = student_lib.read_spec(dit) if dit is not None and os.path.isdir(dit) else None
     return Weights(dit, vae, spec, "student" if spec else "converted")
 

@@ -180,7 +180,7 @@ def sim_weights(dit: str | None, vae: str | None, random_weights: bool = False) 
         if bundled is not None:
             print(f"no bundled student yet: the bundled teacher ({bundled.teacher}) samples the clip "
                   "bidirectionally instead of streaming it", file=sys.stderr)
-            return Weights(bundled.teacher, bundled.autoencoder, None, TEACHER)
+            return Weights(bundled.teacher, bundled.autoencoder, None, TEACHER, bundled=True)
     return choose_weights(dit, vae, random_weights)
 
 
@@ -217,10 +217,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     errors.writable_dir(out, "--out")
     timings: dict[str, float] = {}
 
-    bundled = dit is None and weights.dit is not None  # no --dit given, weights found: the bundled ones
-
     def context_for(dit_cfg) -> np.ndarray:
-        if bundled:
+        if weights.bundled:
             return hashed_embedding(scenes.DESCRIPTIONS[task], dit_cfg.text_len, dit_cfg.text_dim)
         return empty_context(dit_cfg.text_len, dit_cfg.text_dim)
 

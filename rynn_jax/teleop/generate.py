@@ -232,7 +232,7 @@ def generate(streams_root: Path, out: Path, *, batch: int = 1, num_frames: int =
     encoder = load_text_encoder(text_encoder, tokenizer, max_len=session.dit_cfg.text_len,
                                 dtype=session.dit_cfg.dtype) if todo and text_encoder else None
     contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
-                             encoder) if todo else None
+                             encoder, hashed=chosen is not None and chosen.bundled) if todo else None
     failures: dict[str, str] = {}
     written: dict[str, int] = {}  # episode → frames
     waits = dict.fromkeys(("prepare", "world_model", "write"), 0.0)  # main-thread seconds spent on (waiting for) each
