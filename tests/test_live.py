@@ -4,9 +4,10 @@ Oracles: a live session's joint commands are `retarget_stream` of the same frame
 file (the offline path), its skeleton frames `render_video` of `hands_in_camera` (what `serve.py
 generate` renders), its generated frames the offline `serving.clip.rollout` of those skeleton frames
 through the same session with the same keys; a recording reads back through `RobotSource`. A sim
-session's reference view and MuJoCo replay frames are a sim episode's own (`render_frames` of the
-settled scene, of `simulate` through the same commands). One server (tiny random model, 2 slots)
-is compiled for the whole module; loopback only.
+session's reference view, skeleton and MuJoCo replay frames are a sim episode's own (`render_frames`
+of the settled scene, the skeleton video of `generate`'s hand skeleton, `render_frames` of `simulate`
+through the same commands). One server (tiny random model, 2 slots) is compiled for the whole
+module; loopback only.
 """
 
 from __future__ import annotations
@@ -403,8 +404,8 @@ def test_http_lists_the_sim_tasks_and_serves_their_scripted_operator(live, sim, 
     assert (got["schema"], got["task"], got["seed"], got["prompt"]) == (protocol.SCHEMA, TASK, SEED,
                                                                         scenes.DESCRIPTIONS[TASK])
     np.testing.assert_allclose(got["T_world_camera"], sim.stream.meta["T_world_camera"])
-    want = protocol.frames_at(sim.stream, 60.0)
-    assert len(got["frames"]) == len(want) > 60 * 6  # the whole script (7 s)
+    want = protocol.frames_at(sim.stream, sim_start.STREAM_HZ)
+    assert len(got["frames"]) == len(want) > sim_start.STREAM_HZ * 6  # the whole script (7 s)
     for g, w in zip(got["frames"][::40], want[::40]):
         f = protocol.parse_text(json.dumps(g))  # what the page sends back is a valid frame
         assert f.t == pytest.approx(w.t - want[0].t)
@@ -451,6 +452,12 @@ def test_a_bad_or_failing_sim_start_is_refused_and_other_sessions_go_on(live, mo
 
 
 @pytest.fixture(scope="module")
+def sim_episode():
+    """The task's episode for the seed (`sim.cli generate`'s), without its images."""
+    return episode.generate(TASK, SEED, resolution=(H, W), render=False)
+
+
+@pytest.fixture(scope="module")
 def sim_session(live, sim):
     """One sim session with the replay: a burst of the scripted operator's first block (the replay
     falls behind and skips), then three blocks' worth at real time, each waited for (so a loaded
@@ -477,7 +484,8 @@ def sim_session(live, sim):
     return frames, run(go())
 
 
-def test_a_sim_session_gets_the_offline_joint_commands_and_skeleton_of_the_scripted_operator(live, sim, sim_session):
+def test_a_sim_session_gets_the_offline_joint_commands_and_the_episode_s_skeleton(live, sim, sim_session,
+                                                                                 sim_episode):
     runner, _ = live
     frames, c = sim_session
     ready = c.of("ready")[0]
@@ -488,16 +496,18 @@ def test_a_sim_session_gets_the_offline_joint_commands_and_skeleton_of_the_scrip
     got = np.asarray([j["action"] for j in c.of("joints")])
     np.testing.assert_allclose(got, want, atol=2e-5)
     assert np.abs(got - got[0]).max() > 0.1  # the script moves the arms
-    # The skeleton goes through the sim's head camera (its own intrinsics), not the sample's.
-    t = np.asarray([ti for kind, _, ti, _ in c.images if kind == "S"])
+    # The skeleton frames are the episode's skeleton video's (hands through the tracker chain into the
+    # robot frame, the head camera's intrinsics), not the tracking world's rigid picture (1.5× hands).
+    k = np.rint(np.asarray([ti for kind, _, ti, _ in c.images if kind == "S"]) * streams.VIDEO_FPS).astype(int)
     skeleton = np.stack([im for kind, _, _, im in c.images if kind == "S"]).astype(int)
-    joints, elbows, valid = hands_in_camera(stream, t)
-    rcfg = runner.server.world.rcfg
-    want = np.asarray(render_video(rcfg, joints, elbows, sim.intrinsics, valid))
-    other = np.asarray(render_video(rcfg, joints, elbows, runner.server.world.intrinsics, valid))
+    ep, rcfg = sim_episode, runner.server.world.rcfg
+    assert rcfg == RenderConfig(width=W, height=H)  # the episode's skeleton video's renderer
+    want = np.asarray(render_video(rcfg, ep.joints_cam[k], ep.elbows_cam[k], ep.intrinsics, ep.skeleton_valid[k]))
+    rigid = np.asarray(render_video(rcfg, *hands_in_camera(stream, k / streams.VIDEO_FPS)[:2], sim.intrinsics,
+                                    ep.skeleton_valid[k]))
     diff = np.abs(skeleton - want)
     assert diff.max() <= 1 and (diff > 0).mean() < 1e-4, (diff.max(), (diff > 0).mean())
-    assert want.std() > 5 and np.abs(skeleton - other).mean() > 1
+    assert want.std() > 5 and np.abs(skeleton - rigid).mean() > 1
 
 
 def test_the_replay_shows_the_sim_robot_following_the_joint_commands(sim, sim_session):

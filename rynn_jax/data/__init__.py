@@ -10,6 +10,8 @@
   preencode.py  offline VAE pre-encoding CLI (python -m rynn_jax.data.preencode)
   pipeline.py   grain: shuffle, per-process sharding, mixture, batching, prefetch, device_put, state
   fixtures.py   tiny synthetic episodes in each exact format (tests, benchmarks)
+  geometry_video.py   depth / flow ↔ the RGB videos RynnWorld-4D encodes (metres, pixels)
+  world4d_release.py  the released RynnWorld-4D sample layout: manifest, latents, RGB/depth/flow MP4s
   formats/      robot-layout episodes ↔ LeRobot v3 and RLDS (export CLI, LeRobotSource, RldsSource)
 """
 

@@ -7,6 +7,7 @@ se3.py                     rotation / pose math with finite gradients everywhere
 fk.py                      JAX forward kinematics, analytic + autodiff Jacobians
 ik.py                      differentiable DLS IK with the null-space shoulder prior
 tracker.py                 tracker chain T_base · Scale_s(T_chest⁻¹ T_wrist) · T_ee, calibration
+chain_hands.py             the operator's hands through that chain, seen from a robot camera (sim skeletons)
 hand_retarget.py           MediaPipe-21 → 20 WUJI joints (vector + pinch objective), EMA
 retarget.py                one control step / a trajectory: trackers + hands → 54-D action; a whole stream (`retarget_stream`)
 streams.py                 recorded-stream file format, reader/writer, resampling

@@ -9,6 +9,10 @@ Both halves run the offline path's own functions on a window of the latest frame
 followed by a valid one within `max_gap`: offline interpolates across such a gap, live cannot see
 the future and holds). The first frame with all five trackers valid calibrates (as offline); before
 it the robot holds its home pose.
+
+With a camera in the robot frame (`robot_camera`: a sim task's head camera) the skeleton poses go
+through the calibrated tracker chain instead (`hands_through_chain`, what a sim episode's skeleton
+video shows); before calibration there is none (black frames).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import jax
 import numpy as np
 
 from rynn_jax.kinematics import layout, mjcf_model, retarget, streams
+from rynn_jax.kinematics.chain_hands import chain_targets, hands_through_chain
 from rynn_jax.live.protocol import Frame, ProtocolError
 from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream
 
@@ -105,8 +110,13 @@ class TickQueue:
 
 
 class Operator:
-    def __init__(self, kin: Kinematics, camera_44: np.ndarray, queue: TickQueue):
+    def __init__(self, kin: Kinematics, camera_44: np.ndarray, queue: TickQueue,
+                 robot_camera_44: np.ndarray | None = None):
+        """`camera_44`: the head camera in the tracking world (the stream's `T_world_camera`);
+        `robot_camera_44`: the head camera in the robot frame, when known (then the skeleton goes
+        through the tracker chain)."""
         self.kin, self.camera, self.queue = kin, np.asarray(camera_44, np.float64), queue
+        self.robot_camera = None if robot_camera_44 is None else np.asarray(robot_camera_44, np.float64)
         self.window: collections.deque[Frame] = collections.deque(maxlen=WINDOW_FRAMES)
         self.state, self.calib = kin.home, None
         self.t0: float | None = None
@@ -153,10 +163,26 @@ class Operator:
         if not len(k):
             return []
         times = self.t0 + k / streams.VIDEO_FPS
-        joints, elbows, valid = hands_in_camera(window, times)
+        if self.robot_camera is None:
+            joints, elbows, valid = hands_in_camera(window, times)
+        else:
+            joints, elbows, valid = self._through_chain(window, times)
         self.ticks_made = int(k[-1]) + 1
         return [Tick(float(times[i]), joints[i], elbows[i], valid[i], action, pos_err, arrival)
                 for i in range(len(k))]
+
+    def _through_chain(self, window: streams.Stream, times: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sim episode's skeleton (`episode.retarget_stream` + `skeleton_in_camera`) at `times`."""
+        n = len(times)
+        if self.calib is None:
+            return (np.full((n, 2, 21, 3), np.nan, np.float32), np.full((n, 2, 3), np.nan, np.float32),
+                    np.zeros((n, 2, 22), bool))
+        rs = streams.resample(window, times)
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
+            palms, elbows = chain_targets(self.calib, rs["trackers"].astype(np.float32))
+        fresh = rs["trackers_fresh"].all(1) & rs["hands_fresh"].all(1)
+        return hands_through_chain(palms, rs["hands"], elbows, fresh, self.robot_camera)
 
     def stream(self) -> streams.Stream:
         """The accepted frames as a `rynn-teleop-stream/1` stream (what a recording stores)."""

@@ -347,7 +347,7 @@ class Connection:
             replay = Replay(sim, server.sims.gl, self.send, start.frames, self.cfg.replay_fps, self.error)
             await replay.open()  # sim_failed
             self.replay = replay
-        self.operator = Operator(server.kin, camera, self.queue)
+        self.operator = Operator(server.kin, camera, self.queue, sim.robot_camera if sim else None)
         self.start_msg = start
         if start.record:
             name = start.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{self.id}"

@@ -4,10 +4,13 @@ A start message with `"sim": {"task": T, "seed": N}` gets, instead of a referenc
 
   * the task's scene for the seed (`scenes.build`, settled as an episode starts: `episode.settle`) and
     its head camera's first frame, rendered at the world model's H×W, as the reference view;
-  * that camera's intrinsics at H×W for the skeleton render (fovy 42°: not the sample's 69° hfov);
+  * that camera's intrinsics at H×W and its pose in the robot frame, for the skeleton: the
+    operator's hands go through the calibrated tracker chain into the robot frame and are seen from
+    there, as in the episode's skeleton video (`chain_hands.hands_through_chain`; the stream's own
+    `T_world_camera` is approximate: seen from it, the hands are s = 1.5 times too large);
   * the task's prompt (`scenes.DESCRIPTIONS`) unless the start gives one;
-  * the head-camera pose of the task's scripted operator stream (`episode.script`, its meta's
-    `T_world_camera`), whose frames `GET /sim/<task>.json?seed=N` serves (what the page plays).
+  * the task's scripted operator stream (`episode.script`), whose frames
+    `GET /sim/<task>.json?seed=N` serves (what the page plays).
 
 Each (task, seed) is built once (scene, settle, script on a worker thread; the first frame on the
 MuJoCo thread) and kept, the last `CACHE` of them. MuJoCo renders on one thread of its own: an
@@ -33,7 +36,10 @@ from rynn_jax.live import protocol
 from rynn_jax.sim import episode, scenes
 
 CACHE = 8  # (task, seed) entries kept
-STREAM_HZ = 60.0  # the rate `/sim/<task>.json` serves the operator at (as `/sample.json`)
+# The rate `/sim/<task>.json` serves the operator at: a multiple of the video's 16 fps, so every
+# tick falls on a frame and the live skeleton is the episode's (at 60 Hz, resampling the resampled
+# stream moved keypoints by up to 3 mm).
+STREAM_HZ = 64.0
 CAMERA = "head_camera"
 
 
@@ -45,7 +51,8 @@ class SimTask:
     scene: scenes.Scene
     data: mujoco.MjData  # the settled state (read only: a replay starts from a copy)
     stream: streams.Stream  # the scripted operator (`rynn-teleop-stream/1`)
-    camera: np.ndarray  # (4, 4) T_world_camera of the stream's tracking world
+    camera: np.ndarray  # (4, 4) T_world_camera of the stream's tracking world (approximate)
+    robot_camera: np.ndarray  # (4, 4) the head camera in the robot frame (OpenCV axes): the skeleton's
     intrinsics: np.ndarray  # (3, 3) float32, the head camera at (H, W)
     image: np.ndarray | None = None  # (H, W, 3) uint8, the head camera's first frame
 
@@ -65,6 +72,7 @@ def build(task: str, seed: int, height: int, width: int, num_frames: int = episo
     _, stream, _ = episode.script(scene, d, num_frames)
     return SimTask(task=task, seed=seed, prompt=scenes.DESCRIPTIONS[task], scene=scene, data=d, stream=stream,
                    camera=np.asarray(stream.meta["T_world_camera"], np.float64),
+                   robot_camera=scenes.camera_pose_opencv(scene.model, d),
                    intrinsics=scenes.camera_intrinsics(scene.model, width, height, CAMERA))
 
 

@@ -26,7 +26,6 @@ the retargeting is a fixed-iteration XLA program, MuJoCo is single-threaded: the
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 
@@ -35,7 +34,7 @@ import jax.numpy as jnp
 import mujoco
 import numpy as np
 
-from rynn_jax.kinematics import fk, layout, replay, retarget, streams, tracker
+from rynn_jax.kinematics import chain_hands, fk, layout, replay, retarget, streams, tracker
 from rynn_jax.render import RenderConfig, render_video
 from rynn_jax.sim import operators, scenes
 from rynn_jax.sim.resolutions import RESOLUTIONS
@@ -78,12 +77,6 @@ class Episode:
 # --------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _targets_program():
-    return jax.jit(jax.vmap(lambda calib, trk: tracker.arm_targets(calib, tracker.tracker_poses(trk)),
-                            in_axes=(None, 0)))
-
-
 def retarget_stream(stream: streams.Stream, t_out: np.ndarray) -> dict:
     """Stream → actions on the clock `t_out` (calibrated on its first step, as the CLI does),
     plus the retargeted palm targets and elbows (for the skeleton video)."""
@@ -98,11 +91,11 @@ def retarget_stream(stream: streams.Stream, t_out: np.ndarray) -> dict:
     calib = tracker.calibrate(calib, tracker.tracker_poses(jnp.asarray(rs["trackers"][0], dt)), home_ee)
     trk, hands = jnp.asarray(rs["trackers"], dt), jnp.asarray(rs["hands"], dt)
     _, actions, info = retarget.trajectory_jit(robot, calib, state, trk, hands)
-    palms, elbows = _targets_program()(calib, trk)
+    palms, elbows = chain_hands.chain_targets(calib, trk)
     actions = np.asarray(actions, np.float64)
     if not np.all(np.isfinite(actions)):
         raise RuntimeError("non-finite joints in the retargeted actions")
-    return {"actions": actions, "palms": np.asarray(palms, np.float64), "elbows": np.asarray(elbows, np.float64),
+    return {"actions": actions, "palms": palms, "elbows": elbows,
             "hands": rs["hands"], "fresh": rs["trackers_fresh"].all(1) & rs["hands_fresh"].all(1),
             "ik_pos_err": np.asarray(info.ik.pos_err), "ik_rot_err": np.asarray(info.ik.rot_err),
             "hand_tip_err": np.asarray(info.hand_tip_err_s)}
@@ -379,14 +372,9 @@ def optical_flow(depth: np.ndarray, geom: np.ndarray, geom_body: np.ndarray, xpo
 
 def skeleton_in_camera(ret: dict, cam_pose: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The operator's hands through the tracker chain (retargeted palm frames ⊗ the stream's
-    21 keypoints) and the elbow references, in the head camera's OpenCV frame."""
-    cam_inv = np.linalg.inv(cam_pose)
-    palms, hands = ret["palms"], ret["hands"]                     # [T,2,4,4], [T,2,21,3]
-    world = np.einsum("tsij,tsnj->tsni", palms[..., :3, :3], hands) + palms[:, :, None, :3, 3]
-    joints = world @ cam_inv[:3, :3].T + cam_inv[:3, 3]
-    elbows = ret["elbows"] @ cam_inv[:3, :3].T + cam_inv[:3, 3]
-    valid = np.repeat(ret["fresh"][:, None, None], 22, axis=2).repeat(2, axis=1)
-    return joints.astype(np.float32), elbows.astype(np.float32), valid
+    21 keypoints) and the elbow references, in the head camera's OpenCV frame (what a live sim
+    session renders too: `chain_hands.hands_through_chain`)."""
+    return chain_hands.hands_through_chain(ret["palms"], ret["hands"], ret["elbows"], ret["fresh"], cam_pose)
 
 
 # --------------------------------------------------------------------------------------------------

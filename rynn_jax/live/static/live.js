@@ -84,7 +84,7 @@ async function start() {
 
 function play() {
   // Real time: frame i goes out when the wall clock passes its time; the stream loops.
-  const frames = stream.frames, span = frames[frames.length - 1].t + 1 / 60;
+  const frames = stream.frames, span = 2 * frames[frames.length - 1].t - frames[frames.length - 2].t;
   const t0 = performance.now();
   let i = 0, loop = 0;
   timer = setInterval(() => {
