@@ -517,12 +517,11 @@ def build(a) -> LiveServer:
     kin = Kinematics.build()
     kin.warm_up()
     print(f"compiled in {time.perf_counter() - t:.0f} s", flush=True)
-    contexts = text_contexts(a.text, a.text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim,
-                             hashed=weights.bundled)
+    dit = session.dit_cfg
+    contexts = text_contexts(a.text, a.text_embeddings, dit.text_len, dit.text_dim, hashed=weights.bundled)
     cfg = LiveConfig(host=a.host, port=a.port, token=a.token, max_message_bytes=a.max_message_bytes,
                      max_frame_bytes=a.max_frame_bytes, max_fps=a.max_fps, idle_timeout_s=a.idle_timeout,
-                     record_dir=Path(a.record_dir), seed=a.seed, replay_fps=a.replay_fps,
-                     weights=weights.label)
+                     record_dir=Path(a.record_dir), seed=a.seed, replay_fps=a.replay_fps, weights=weights.label)
     return LiveServer(world, kin, contexts, cfg)
 
 
