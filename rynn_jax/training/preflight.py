@@ -94,7 +94,7 @@ def check(cfg: Any) -> None:
             if not glob.glob(pattern):
                 raise errors.MissingFileError(f"data.sources[{name!r}] {pattern}: no shard files match",
                                               fix="write them with python -m rynn_jax.data.preencode")
-            if type(cfg.loss).__name__ == "World4DLossConfig":
+            if type(getattr(cfg, "loss", None)).__name__ == "World4DLossConfig":  # distillation has no loss field
                 check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]")
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
