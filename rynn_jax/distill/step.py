@@ -51,6 +51,18 @@ def _apply(tx: optax.GradientTransformation, params, opt_state, grads):
     return optax.apply_updates(params, updates), opt_state, optax.global_norm(updates)
 
 
+def _student_step(cfg: DistillConfig, tx: optax.GradientTransformation, state: DistillState, loss: jax.Array,
+                  grads) -> tuple[DistillState, Metrics]:
+    """One AdamW (+ EMA) step of the student alone, counted as one iteration (phase A, regression)."""
+    grad_norm = optax.global_norm(grads)
+    student, opt, update_norm = _apply(tx, state.student, state.student_opt, grads)
+    ema = ema_update(state.ema, student, cfg.optim.ema_decay) if len(state.ema) else state.ema
+    new = state.replace(step=state.step + 1, student=student, student_opt=opt, ema=ema)
+    new, finite = _guard(state, new, loss, grad_norm)
+    return new, {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm, "finite": finite,
+                 "param_norm": optax.global_norm(student)}
+
+
 def student_rollout(cfg: DistillConfig, graphdef: nnx.GraphDef, params: nnx.State, stats: nnx.State,
                     batch: Batch, rng: jax.Array, *, grad: bool, last_step_only: bool | None = None) -> jax.Array:
     dcfg = cfg.dmd if last_step_only is None else dataclasses.replace(cfg.dmd, last_step_only=last_step_only)
@@ -72,14 +84,7 @@ def make_warmup_update(cfg: DistillConfig, graphdef: nnx.GraphDef, tx: optax.Gra
 
     def update(state: DistillState, batch: Batch) -> tuple[DistillState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
-        loss, grads = jax.value_and_grad(loss_fn)(state.student, state.stats, batch, rng)
-        grad_norm = optax.global_norm(grads)
-        student, opt, update_norm = _apply(tx, state.student, state.student_opt, grads)
-        ema = ema_update(state.ema, student, cfg.optim.ema_decay) if len(state.ema) else state.ema
-        new = state.replace(step=state.step + 1, student=student, student_opt=opt, ema=ema)
-        new, finite = _guard(state, new, loss, grad_norm)
-        return new, {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm, "finite": finite,
-                     "param_norm": optax.global_norm(student)}
+        return _student_step(cfg, tx, state, *jax.value_and_grad(loss_fn)(state.student, state.stats, batch, rng))
 
     return update
 
@@ -123,14 +128,7 @@ def make_regression_update(cfg: DistillConfig, graphdef: nnx.GraphDef, tx: optax
 
     def update(state: DistillState, batch: Batch) -> tuple[DistillState, Metrics]:
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
-        loss, grads = jax.value_and_grad(loss_fn)(state.student, state.stats, batch, rng)
-        grad_norm = optax.global_norm(grads)
-        student, opt, update_norm = _apply(tx, state.student, state.student_opt, grads)
-        ema = ema_update(state.ema, student, cfg.optim.ema_decay) if len(state.ema) else state.ema
-        new = state.replace(step=state.step + 1, student=student, student_opt=opt, ema=ema)
-        new, finite = _guard(state, new, loss, grad_norm)
-        return new, {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm, "finite": finite,
-                     "param_norm": optax.global_norm(student)}
+        return _student_step(cfg, tx, state, *jax.value_and_grad(loss_fn)(state.student, state.stats, batch, rng))
 
     return update
 
