@@ -203,6 +203,15 @@ class RobotSource(ClipSource):
                 "text": clips_lib.text_array(meta["text"])}
 
 
+def write_depth_flow(directory: str | os.PathLike, depth_thw: np.ndarray, flow_thw2: np.ndarray) -> None:
+    """`DEPTH_FILE` (metres → uint16 mm, 0 = nothing) and `FLOW_FILE` (pixels, float16) into
+    `directory`: what `read_ground_truth` reads back."""
+    d = Path(directory)
+    depth_mm = np.clip(np.round(np.asarray(depth_thw) * 1000.0), 0, np.iinfo(np.uint16).max).astype(np.uint16)
+    np.savez_compressed(d / DEPTH_FILE, depth_mm=depth_mm)
+    np.savez_compressed(d / FLOW_FILE, flow=np.asarray(flow_thw2).astype(np.float16))
+
+
 def read_ground_truth(directory: str | os.PathLike, missing_ok: bool = False) -> dict[str, np.ndarray]:
     """Depth (metres, float32), flow (float32), segmentation labels and names of an exported episode.
     `missing_ok`: leave out the kinds whose file is absent (a copy without depth/flow) instead of raising."""

@@ -38,7 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rynn_jax.atomic import atomic_dir
-from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE
+from rynn_jax.data.robot import DEPTH_FILE, FLOW_FILE, write_depth_flow
 from rynn_jax.eval import baselines, episodes, fvd, report
 from rynn_jax.eval.report import file_stem
 from rynn_jax.eval.score import score, summarize
@@ -219,9 +219,7 @@ def _save_generated(directory: Path, frames: np.ndarray, skeleton: np.ndarray,
         save_video(tmp / episodes.VIDEO_FILE, frames, fps=16)
         save_video(tmp / "skeleton.mp4", skeleton[:len(frames)], fps=16)
         if geometry is not None:
-            depth_mm = np.clip(np.round(geometry.depth * 1000.0), 0, np.iinfo(np.uint16).max).astype(np.uint16)
-            np.savez_compressed(tmp / DEPTH_FILE, depth_mm=depth_mm)
-            np.savez_compressed(tmp / FLOW_FILE, flow=geometry.flow.astype(np.float16))
+            write_depth_flow(tmp, geometry.depth, geometry.flow)
             save_video(tmp / "depth.mp4", geometry.depth_video, fps=16)
             save_video(tmp / "flow.mp4", geometry.flow_video, fps=16)
 

@@ -46,7 +46,8 @@ from rynn_jax.live.recorder import Recorder
 from rynn_jax.live.replay import Replay
 from rynn_jax.live.sim_start import SimCatalog
 from rynn_jax.live.world import Block, LiveWorld
-from rynn_jax.serving.assemble import check_model_flags, check_resolution, choose_weights, session_for
+from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, check_model_flags, check_resolution, choose_weights,
+                                       session_for)
 from rynn_jax.serving.clip import fit_image
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.teleop.camera_hands import camera_pose
@@ -55,7 +56,6 @@ from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_ref
 STATIC_DIR = Path(__file__).with_name("static")
 TOKEN_ENV = "RYNN_LIVE_TOKEN"
 LOOPBACK_NAMES = ("localhost",)
-DEFAULT_RESOLUTION = (96, 160)  # the tiny random networks' size, when no student says its own
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -509,7 +509,7 @@ def build(a) -> LiveServer:
     """The world model (compiled, warmed up), the IK and the server for parsed flags."""
     weights = choose_weights(a.dit, a.vae)
     session = session_for(weights, a.seed, tae=a.tae)
-    height, width = a.resolution or weights.resolution(DEFAULT_RESOLUTION)
+    height, width = a.resolution or weights.resolution(TINY_SIM_RESOLUTION)
     world = LiveWorld(session, a.max_sessions, height, width, seed=a.seed, max_wait_s=a.max_wait)
     print(f"compiling the world model for {a.max_sessions} sessions at {height}x{width} ...", flush=True)
     t = time.perf_counter()
@@ -549,7 +549,7 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=2, help="concurrent sessions = the world model's batch")
     p.add_argument("--resolution", default=None, type=height_width,
                    help="HxW of the generated video (default: the student's training size, else "
-                        f"{DEFAULT_RESOLUTION[0]}x{DEFAULT_RESOLUTION[1]}; 480x832 for the released models)")
+                        f"{TINY_SIM_RESOLUTION[0]}x{TINY_SIM_RESOLUTION[1]}; 480x832 for the released models)")
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
     p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")

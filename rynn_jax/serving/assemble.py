@@ -26,7 +26,7 @@ from rynn_jax.serving.session import StreamingSession
 from rynn_jax.serving.world4d import World4DModel
 
 PIXEL_MULTIPLE = 32  # height and width: the VAE's 16× spatial downsampling × the DiT's 2×2 patches
-TINY_SIM_RESOLUTION = (96, 160)  # --world sim / generate with the tiny random networks
+TINY_SIM_RESOLUTION = (96, 160)  # --world sim / generate / live with the tiny random networks
 
 
 @dataclasses.dataclass(frozen=True)

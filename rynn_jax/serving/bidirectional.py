@@ -33,14 +33,14 @@ class SamplingConfig:
     guidance_scale: float = 1.0  # CFG scale; 1 = no unconditional pass (RynnWorld uses an empty prompt)
 
 
-class WorldModel:
-    """The teacher world model: a controlled DiT plus the VAE, split once for jitted calls."""
+class SplitModels:
+    """A DiT and the VAE whose latents it reads, each split once (graph, state), so jitted calls
+    take the weights as arguments; encode/decode through the VAE. The teacher's `WorldModel` and
+    RynnWorld-4D's `World4DModel` build on it."""
 
-    def __init__(self, dit: WanDiT, vae: WanVAE):
-        if dit.cfg.control == "none":
-            raise ValueError("the world model needs a DiT with a control branch (cfg.control='add' or 'add-plus')")
+    def __init__(self, dit, vae: WanVAE, name: str = "DiT"):
         if dit.cfg.in_channels != vae.cfg.z_dim:
-            raise ValueError(f"DiT takes {dit.cfg.in_channels}-channel latents, VAE makes {vae.cfg.z_dim}")
+            raise ValueError(f"the {name} takes {dit.cfg.in_channels}-channel latents, the VAE makes {vae.cfg.z_dim}")
         self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg
         self._dit_graph, self._dit_state = nnx.split(dit)
         self._vae_graph, self._vae_state = nnx.split(vae)
@@ -50,6 +50,15 @@ class WorldModel:
 
     def decode(self, latents_bthwc: jax.Array) -> jax.Array:
         return vae_decode(self._vae_graph, self._vae_state, latents_bthwc)
+
+
+class WorldModel(SplitModels):
+    """The teacher world model: a controlled DiT plus the VAE, split once for jitted calls."""
+
+    def __init__(self, dit: WanDiT, vae: WanVAE):
+        if dit.cfg.control == "none":
+            raise ValueError("the world model needs a DiT with a control branch (cfg.control='add' or 'add-plus')")
+        super().__init__(dit, vae)
 
     def sample_latents(self, key: jax.Array, image_latent_b1hwc: jax.Array, control_bthwc: jax.Array,
                        context_bsk: jax.Array, sampling: SamplingConfig) -> jax.Array:

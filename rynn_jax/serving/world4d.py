@@ -26,7 +26,7 @@ from rynn_jax.data import geometry_video as gv
 from rynn_jax.diffusion import samplers
 from rynn_jax.models.dit4d import Latents, WanDiT4D
 from rynn_jax.models.vae import WanVAE
-from rynn_jax.serving.bidirectional import SamplingConfig, to_model_range, to_uint8, vae_decode, vae_encode
+from rynn_jax.serving.bidirectional import SamplingConfig, SplitModels, to_model_range, to_uint8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +40,14 @@ class Sample4D:
     flow: np.ndarray  # (T − 1, H, W, 2) float32 pixels, flow i → i + 1 decoded from colour frame i + 1
 
 
-class World4DModel:
+class World4DModel(SplitModels):
     """The 4D DiT plus the VAE all three modalities share, split once for jitted calls.
     `rgb_decay`: the RGB joint-injection scale the model was trained to (a released checkpoint
     stores it; 1 without the decay)."""
 
     def __init__(self, dit: WanDiT4D, vae: WanVAE, rgb_decay: float = 1.0):
-        if dit.cfg.in_channels != vae.cfg.z_dim:
-            raise ValueError(f"the 4D DiT takes {dit.cfg.in_channels}-channel latents, the VAE makes {vae.cfg.z_dim}")
-        self.dit_cfg, self.vae_cfg, self.rgb_decay = dit.cfg, vae.cfg, float(rgb_decay)
-        self._dit_graph, self._dit_state = nnx.split(dit)
-        self._vae_graph, self._vae_state = nnx.split(vae)
-
-    def encode(self, video_bthwc: jax.Array) -> jax.Array:
-        return vae_encode(self._vae_graph, self._vae_state, video_bthwc)
-
-    def decode(self, latents_bthwc: jax.Array) -> jax.Array:
-        return vae_decode(self._vae_graph, self._vae_state, latents_bthwc)
+        super().__init__(dit, vae, name="4D DiT")
+        self.rgb_decay = float(rgb_decay)
 
     def first_latents(self, reference_hw3: np.ndarray, depth_hw: np.ndarray) -> Latents:
         """The frame-0 conditions (1, 1, h, w, C): the reference image, its depth (metres) as the

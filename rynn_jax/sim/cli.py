@@ -37,12 +37,10 @@ CACHE_ENV = "RYNN_JAX_SIM_COMPILE_CACHE"  # set by --compile-cache; spawned work
 
 
 def _exit_with_parent() -> None:
-    """In a spawned worker: exit as soon as the parent process is gone. A parent killed by SIGTERM or
-    SIGKILL cannot shut its pool down, and orphaned workers would go on simulating for nobody."""
+    """The pool's worker initializer: exit as soon as the parent process is gone. A parent killed by
+    SIGTERM or SIGKILL cannot shut its pool down, and orphaned workers would go on simulating for
+    nobody."""
     parent = mp.parent_process()
-    if parent is None or getattr(_exit_with_parent, "watching", False):
-        return
-    _exit_with_parent.watching = True
 
     def watch() -> None:
         mp.connection.wait([parent.sentinel])  # becomes ready when the parent exits, however it exits
@@ -51,7 +49,6 @@ def _exit_with_parent() -> None:
 
 
 def _setup_worker() -> None:
-    _exit_with_parent()
     os.environ.setdefault("MUJOCO_GL", "osmesa")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")

@@ -72,9 +72,7 @@ def _write_episode_files(ep: Episode, tmp: Path) -> None:
     np.savez_compressed(tmp / robot_data.SKELETON_FILE, joints_cam=ep.joints_cam, elbows_cam=ep.elbows_cam,
                         valid=ep.skeleton_valid, intrinsics=ep.intrinsics)
     streams.write(tmp / STREAM_FILE, ep.stream)
-    depth_mm = np.clip(np.round(ep.depth * 1000.0), 0, 65535).astype(np.uint16)
-    np.savez_compressed(tmp / DEPTH_FILE, depth_mm=depth_mm)
-    np.savez_compressed(tmp / FLOW_FILE, flow=ep.flow.astype(np.float16))
+    robot_data.write_depth_flow(tmp, ep.depth, ep.flow)
     np.savez_compressed(tmp / SEG_FILE, labels=ep.segmentation, names=np.asarray(ep.labels))
     meta = {
         "task_description": scenes.DESCRIPTIONS[ep.task], "total_frames": T, "fps": FPS,

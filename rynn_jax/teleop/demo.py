@@ -48,11 +48,11 @@ from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, Weights, build_world
                                        check_resolution, choose_weights, session_for)
 from rynn_jax.serving.bidirectional import SamplingConfig
 from rynn_jax.serving.clip import fit_image, rollout
-from rynn_jax.serving.session import StreamingSession
+from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.sim import recipe
 from rynn_jax.teleop.camera_hands import hands_in_camera, synthetic_stream, video_times
 from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_reference
-from rynn_jax.text import empty_context, hashed_embedding, load_text_context
+from rynn_jax.text import empty_context, load_text_context
 
 TEACHER = "bundled teacher"  # run_sim's label for the bundled teacher standing in for a student
 
@@ -218,9 +218,8 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     timings: dict[str, float] = {}
 
     def context_for(dit_cfg) -> np.ndarray:
-        if weights.bundled:
-            return hashed_embedding(scenes.DESCRIPTIONS[task], dit_cfg.text_len, dit_cfg.text_dim)
-        return empty_context(dit_cfg.text_len, dit_cfg.text_dim)
+        return text_contexts(None, None, dit_cfg.text_len, dit_cfg.text_dim,
+                             hashed=weights.bundled)(scenes.DESCRIPTIONS[task])
 
     def world_model():
         """Build the causal student and compile all its programs (`StreamingSession.compile`);

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from rynn_jax import errors
+from rynn_jax.training.config import World4DLossConfig
 
 # The fields that fix parameter shapes: converted weights must agree on them with the recipe.
 SHAPE_FIELDS = ("dim", "num_layers", "num_heads", "ffn_dim", "freq_dim", "in_channels", "out_channels",
@@ -94,7 +95,7 @@ def check(cfg: Any) -> None:
             if not glob.glob(pattern):
                 raise errors.MissingFileError(f"data.sources[{name!r}] {pattern}: no shard files match",
                                               fix="write them with python -m rynn_jax.data.preencode")
-            if type(getattr(cfg, "loss", None)).__name__ == "World4DLossConfig":  # distillation has no loss field
+            if isinstance(getattr(cfg, "loss", None), World4DLossConfig):  # as input.train_keys decides
                 check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]")
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
