@@ -49,14 +49,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-fvd", action="store_true", help="skip I3D features and FVD")
     p.add_argument("--text", default=None, help="one umT5 embedding (.safetensors) for every prompt")
     p.add_argument("--text-embeddings", default=None, metavar="DIR", help="DIR/<sha256(task description)>.safetensors")
+    p.add_argument("--batch", type=int, default=1,
+                   help="teacher / student: episodes generated per model call (GPU; scores equal up to rounding)")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     a = p.parse_args(argv)
     try:
         cfg = EvalConfig(model=a.model, episodes=a.episodes, out=a.out, generated=a.generated, dit=a.dit, vae=a.vae,
                          frames=a.frames, resolution=a.resolution, steps=a.steps, max_episodes=a.max_episodes,
                          seed=a.seed, swap=a.swap, shift_frames=a.shift_frames, fvd=not a.no_fvd, text=a.text,
-                         chunk_frames=a.chunk_frames,
-                         text_embeddings=a.text_embeddings)
+                         chunk_frames=a.chunk_frames, text_embeddings=a.text_embeddings, batch=a.batch)
     except ValueError as e:
         raise errors.UsageError(str(e)) from None
     # Every input and the output directory checked before a model is built or compiled.

@@ -14,6 +14,9 @@ host → device copy of both 8-bit videos, as in `eval.py`.
 
 Checks: PSNR of one video against a float64 NumPy reference, LPIPS(x, x) = 0, I3D features finite,
 FVD(X, X) = 0 and FVD(X, noisy X) > 0.
+
+`--stages frames,lpips` / `--stages fvd` run a part (e.g. where the I3D and LPIPS checkpoints, 51 and
+10 MB, cannot travel together); the JSON says which ran.
 """
 
 from __future__ import annotations
@@ -59,8 +62,13 @@ def main() -> None:
     p.add_argument("--width", type=int, default=832)
     p.add_argument("--lpips-batch", type=int, default=81, help="frames per LPIPS call")
     p.add_argument("--i3d-batch", type=int, default=8, help="clips per I3D call")
+    p.add_argument("--stages", default="frames,lpips,fvd",
+                   help="comma-separated: frames (PSNR/SSIM/robot PSNR), lpips, fvd (I3D + Fréchet distance)")
     p.add_argument("--out", default="bench/results/eval.json")
     a = p.parse_args()
+    stages = set(a.stages.split(","))
+    if not stages or not stages <= {"frames", "lpips", "fvd"}:
+        p.error(f"--stages: a comma-separated subset of frames,lpips,fvd, got {a.stages!r}")
 
     import jax
 
@@ -85,37 +93,41 @@ def main() -> None:
         outs = (metrics.psnr(pred, truth), metrics.ssim(pred, truth), metrics.masked_psnr(pred, truth, mask))
         return [np.asarray(o) for o in outs]  # read back (blocks)
 
-    fm = stage("psnr + ssim + robot psnr", frame_metrics)
     truth, pred, _ = order[0]
-    d = (pred.astype(np.float64) - truth) / 255.0
-    checks.close("psnr vs float64 numpy", fm[0][0], -10 * np.log10(np.mean(d * d, axis=(1, 2, 3))), 1e-5)
-    lp = stage("lpips (alexnet)", lambda i: lpips.lpips(order[i][1], order[i][0], batch=a.lpips_batch))
-    checks.finite("lpips", np.stack(lp))
-    self_lp = lpips.lpips(truth, truth, batch=a.lpips_batch)
-    rows_ok = float(np.abs(self_lp).max()) < 1e-5
-    checks.rows.append(dict(check="lpips(x, x) = 0", value=float(np.abs(self_lp).max()), ok=rows_ok))
+    if "frames" in stages:
+        fm = stage("psnr + ssim + robot psnr", frame_metrics)
+        d = (pred.astype(np.float64) - truth) / 255.0
+        checks.close("psnr vs float64 numpy", fm[0][0], -10 * np.log10(np.mean(d * d, axis=(1, 2, 3))), 1e-5)
+    if "lpips" in stages:
+        lp = stage("lpips (alexnet)", lambda i: lpips.lpips(order[i][1], order[i][0], batch=a.lpips_batch))
+        checks.finite("lpips", np.stack(lp))
+        self_lp = lpips.lpips(truth, truth, batch=a.lpips_batch)
+        rows_ok = float(np.abs(self_lp).max()) < 1e-5
+        checks.rows.append(dict(check="lpips(x, x) = 0", value=float(np.abs(self_lp).max()), ok=rows_ok))
 
     def i3d(_):  # `--i3d-batch` clips per call; a last, smaller group is padded inside i3d_features
         groups = [range(s, min(s + a.i3d_batch, a.videos)) for s in range(0, a.videos, a.i3d_batch)]
         return np.concatenate([fvd.i3d_features(np.stack([order[i][0] for i in g]), batch=a.i3d_batch) for g in groups])
 
-    feats_true = stage("i3d features (truth)", i3d, per_video=False)
-    checks.finite("i3d features", feats_true)
-    noisy = np.stack([p[1] for p in pairs])
-    feats_noisy = fvd.i3d_features(noisy, batch=a.i3d_batch) if len(noisy) >= 2 else None
-    t0 = time.perf_counter()
-    same = fvd.fvd_from_features(feats_true, feats_true)
-    rows.append({"stage": "frechet distance (400-d)", "seconds": time.perf_counter() - t0})
-    checks.rows.append(dict(check="FVD(X, X) = 0", value=same, ok=abs(same) < 1e-6))
-    if feats_noisy is not None:
-        base = np.stack([p[0] for p in pairs])
-        diff = fvd.fvd_from_features(fvd.i3d_features(base, batch=a.i3d_batch), feats_noisy)
-        checks.rows.append(dict(check="FVD(X, noisy X) > 0", value=diff, ok=diff > 0))
+    if "fvd" in stages:
+        feats_true = stage("i3d features (truth)", i3d, per_video=False)
+        checks.finite("i3d features", feats_true)
+        noisy = np.stack([p[1] for p in pairs])
+        feats_noisy = fvd.i3d_features(noisy, batch=a.i3d_batch) if len(noisy) >= 2 else None
+        t0 = time.perf_counter()
+        same = fvd.fvd_from_features(feats_true, feats_true)
+        rows.append({"stage": "frechet distance (400-d)", "seconds": time.perf_counter() - t0})
+        checks.rows.append(dict(check="FVD(X, X) = 0", value=same, ok=abs(same) < 1e-6))
+        if feats_noisy is not None:
+            base = np.stack([p[0] for p in pairs])
+            diff = fvd.fvd_from_features(fvd.i3d_features(base, batch=a.i3d_batch), feats_noisy)
+            checks.rows.append(dict(check="FVD(X, noisy X) > 0", value=diff, ok=diff > 0))
     total = sum(r["seconds"] for r in rows)
     print(f"{'total':<28} {total:8.2f} s   {a.videos / total:8.2f} videos/s  "
           f"({a.videos} videos × {a.frames} frames at {a.height}×{a.width}, {jax.default_backend()})")
     write_json(a.out, {"videos": a.videos, "frames": a.frames, "height": a.height, "width": a.width,
                        "lpips_batch": a.lpips_batch, "i3d_batch": a.i3d_batch, "device": str(jax.devices()[0]),
+                       "stages_run": sorted(stages),
                        "stages": rows, "total_seconds": total, "checks": checks.rows})
     checks.exit_if_failed()
 

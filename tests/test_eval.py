@@ -306,6 +306,20 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
     again_rec = json.loads((fresh / "episodes" / stem).read_text())
     assert again_rec["variants"]["model"]["per_frame"] == rec["variants"]["model"]["per_frame"]
 
+    # batched: both episodes per model call, padded to 3 (one executable), swapped clips in the next
+    # call; each clip's noise is its own, so the scores are the unbatched run's up to matmul rounding
+    batched = _run(args[:args.index("--out") + 1] + [str(tmp_path / "batched")] + args[args.index("--out") + 2:]
+                   + ["--batch", "3"])
+    assert batched["episodes"] == 2
+    for name in names:
+        stem = f"{name}.json".replace("/", "__")
+        one, three = (json.loads((d / "episodes" / stem).read_text())["variants"] for d in (out, tmp_path / "batched"))
+        assert one.keys() == three.keys()
+        for v in ("model", "model_swapped"):
+            np.testing.assert_allclose(three[v]["per_frame"]["psnr"], one[v]["per_frame"]["psnr"], atol=0.05)
+    a, b = (episodes.load_generated(d / "generated_swapped", names[1], T).frames for d in (out, tmp_path / "batched"))
+    assert np.abs(a.astype(int) - b).mean() < 1  # the second episode's swapped clip (mp4), not the padding
+
     # the teacher's saved videos, scored as a directory of generated episodes: the decoded video's metrics
     gen = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
                 "--out", str(tmp_path / "generated"), "--frames", str(T), "--no-fvd"])
@@ -324,6 +338,14 @@ def test_eval_student_streams_through_the_session(sim_root, tmp_path, fast_compi
     n, h, w = episodes.video_size(tmp_path / "student" / "generated" / name / episodes.VIDEO_FILE)
     assert (n, h, w) == (T, H, W)
     assert "FVD" in (tmp_path / "student" / "report.md").read_text()
+    # both episodes streamed as one batch of 2 sessions: the first episode scores as it did alone
+    b = _run(["--model", "student", "--episodes", str(sim_root), "--out", str(tmp_path / "batched"), "--frames", str(T),
+              "--no-fvd", "--batch", "2"])
+    assert b["episodes"] == 2
+    stem = f"{name}.json".replace("/", "__")
+    one, two = (json.loads((tmp_path / d / "episodes" / stem).read_text()) for d in ("student", "batched"))
+    np.testing.assert_allclose(two["variants"]["model"]["per_frame"]["psnr"],
+                               one["variants"]["model"]["per_frame"]["psnr"], atol=0.05)
 
 
 def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, fast_compile):
@@ -400,6 +422,9 @@ def test_eval_cli_errors(sim_root, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing written before the checks
     with pytest.raises(FileNotFoundError, match="no episodes"):
         _run(["--model", "teacher", "--episodes", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(errors.UsageError, match="only the teacher and the student generate in batches"):
+        _run(["--model", "generated", "--generated", str(tmp_path), "--episodes", str(sim_root),
+              "--out", str(tmp_path / "o3"), "--batch", "2"])
     with pytest.raises(FileNotFoundError, match="2 of 2 episodes have no"):
         _run(["--model", "generated", "--generated", str(tmp_path), "--episodes", str(sim_root),
               "--out", str(tmp_path / "o2")])
@@ -416,10 +441,13 @@ def test_swap_check_detects_a_model_that_follows_its_control(sim_root, tmp_path,
     seen = []
 
     def fake_runner(cfg):
-        def generate(name, reference, skeleton, prompt):
-            owner = next(n for n, tr in truths.items() if np.array_equal(tr.skeleton[:T], skeleton))
-            seen.append((name, owner))
-            return truths[owner].frames[:T]
+        def generate(requests):
+            videos = []
+            for r in requests:
+                owner = next(n for n, tr in truths.items() if np.array_equal(tr.skeleton[:T], r.skeleton_thw3))
+                seen.append((r.name, owner))
+                videos.append(truths[owner].frames[:T])
+            return videos
         return generate
 
     monkeypatch.setattr(run, "_runner", fake_runner)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rynn_jax.diffusion import x0_euler
 from rynn_jax.diffusion.schedules import NUM_TRAIN_TIMESTEPS, flow_sigmas, flow_timesteps
 
 # (x_bthwc, t_bf) -> v_bthwc: the DiT velocity at per-frame timesteps t in [0, 1000].
@@ -36,8 +37,9 @@ ContextModelFn = Callable[[jax.Array, jax.Array, Any], jax.Array]
 
 
 def initial_noise(key: jax.Array, shape_bthwc: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-    """Standard normal starting latent; the same key always gives the same noise."""
-    return jax.random.normal(key, shape_bthwc, dtype)
+    """Standard normal starting latent; the same key always gives the same noise. `key`: one key
+    for the batch, or a (B,) batch of keys, sample b's noise from key b alone (`x0_euler.normal`)."""
+    return x0_euler.normal(key, shape_bthwc, dtype)
 
 
 def replace_first_frame(x_bthwc: jax.Array, first_frame_b1hwc: jax.Array | None) -> jax.Array:

@@ -1,5 +1,6 @@
-"""The models under evaluation, as one call: (episode name, reference image, control video, prompt)
-→ generated video. Thin wrappers around the project's own paths, no sampler of their own:
+"""The models under evaluation, as one call: requests (episode name, reference image, control
+video, prompt) → generated videos. Thin wrappers around the project's own paths, no sampler of
+their own:
 
 * teacher: `serving.bidirectional.WorldModel.generate` (TI2V: the reference image pinned as latent
   frame 0, the control video encoded by the VAE, the flow-matching sampler), modules from
@@ -15,11 +16,15 @@
   `serving.clip.rollout` (the last block's missing control frames hold the last pose).
 
 An episode's noise comes from the seed and its name (`serving.clip.episode_key`), so results do
-not depend on which episodes run, in which order, or whether the run was resumed.
+not depend on which episodes run, in which order, or whether the run was resumed. The teacher and
+the student generate `batch` clips per model call (`eval.py --batch`: one executable, the last call
+padded with repeats of its last request); a clip's noise is its own key's in any batch, so a batch
+size changes a video only by the rounding of batched matmuls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -32,19 +37,54 @@ from rynn_jax.serving.clip import episode_key, rollout
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.serving.world4d import Sample4D, decoded_sample
 
-Runner = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One clip to generate: episode `name` (its noise key), the reference image (H, W, 3) and the
+    control video (T, H, W, 3), both uint8, and the task's prompt."""
+    name: str
+    reference_hw3: np.ndarray
+    skeleton_thw3: np.ndarray
+    prompt: str
+
+
+Runner = Callable[[list[Request]], list[np.ndarray]]
+
+
+def batched(generate: Callable[[list[Request]], np.ndarray], batch: int) -> Runner:
+    """Requests → videos, `batch` per call of `generate` (a list of exactly `batch` requests of one
+    size → (batch, T, H, W, 3)); the last call is padded with its last request, so every call runs
+    the same executable."""
+    if batch < 1:
+        raise ValueError(f"batch must be ≥ 1, got {batch}")
+
+    def run(requests: list[Request]) -> list[np.ndarray]:
+        sizes = {r.skeleton_thw3.shape for r in requests}
+        if len(sizes) > 1:
+            raise ValueError(f"one batch of clips needs one control-video size, got {sorted(sizes)}")
+        videos = []
+        for i in range(0, len(requests), batch):
+            part = requests[i:i + batch]
+            videos.extend(generate(part + [part[-1]] * (batch - len(part)))[:len(part)])
+        return videos
+
+    return run
 
 
 def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfig, *, text: str | None = None,
-            text_embeddings: str | None = None) -> Runner:
+            text_embeddings: str | None = None, batch: int = 1) -> Runner:
     model = build_world_model(dit, vae, seed)
     contexts = text_contexts(text, text_embeddings, model.dit_cfg.text_len, model.dit_cfg.text_dim)
 
-    def run(name: str, reference_hw3: np.ndarray, skeleton_thw3: np.ndarray, prompt: str) -> np.ndarray:
-        if (len(skeleton_thw3) - 1) % 4:
-            raise ValueError(f"the teacher generates 1 + 4k frames, got a {len(skeleton_thw3)}-frame control video")
-        return model.generate(episode_key(seed, name), reference_hw3, skeleton_thw3, contexts(prompt),
-                              sampling)
+    def generate(requests: list[Request]) -> np.ndarray:
+        t = len(requests[0].skeleton_thw3)
+        if (t - 1) % 4:
+            raise ValueError(f"the teacher generates 1 + 4k frames, got a {t}-frame control video")
+        keys = jnp.stack([episode_key(seed, r.name) for r in requests])
+        return model.generate_batch(keys, np.stack([r.reference_hw3 for r in requests]),
+                                    np.stack([r.skeleton_thw3 for r in requests]),
+                                    np.stack([contexts(r.prompt) for r in requests]), sampling)
+
+    run = batched(generate, batch)
 
     def reconstruct(truth: Truth) -> Generated:
         """The ground truth through the VAE and back: the best any model in this latent space can do."""
@@ -82,12 +122,14 @@ def generated(s: Sample4D) -> Generated:
 
 
 def student(dit: str | None, vae: str | None, seed: int, *, text: str | None = None,
-            text_embeddings: str | None = None) -> Runner:
+            text_embeddings: str | None = None, batch: int = 1) -> Runner:
     session = streaming_session(dit, vae, seed, random_weights=dit is None and vae is None)
     contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
 
-    def run(name: str, reference_hw3: np.ndarray, skeleton_thw3: np.ndarray, prompt: str) -> np.ndarray:
-        keys = jnp.stack([episode_key(seed, name)])
-        return rollout(session, reference_hw3[None], skeleton_thw3[None], contexts(prompt)[None], keys)[0]
+    def generate(requests: list[Request]) -> np.ndarray:
+        keys = jnp.stack([episode_key(seed, r.name) for r in requests])
+        return rollout(session, np.stack([r.reference_hw3 for r in requests]),
+                       np.stack([r.skeleton_thw3 for r in requests]),
+                       jnp.stack([jnp.asarray(contexts(r.prompt)) for r in requests]), keys)
 
-    return run
+    return batched(generate, batch)

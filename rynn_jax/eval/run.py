@@ -20,6 +20,9 @@ flow (EPE in pixels) and the PSNR of the depth / flow videos as the model sees t
 VAE. The generated depth and flow are saved beside the video in the sim's `depth.npz` / `flow.npz`
 format (so `--model generated` scores them again), with `depth.mp4` / `flow.mp4` to watch.
 
+Batching (`batch`, teacher and student): up to `batch` episodes of one frame count and size are
+generated per model call (their swapped variants in the next call), then scored one by one.
+
 Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
 first frame and noise, the next episode's control — a model that follows its control must lose
 PSNR here), "autoencoder" (teacher: the truth through its VAE and back, the ceiling of any model in
@@ -68,6 +71,7 @@ class EvalConfig:
     text: str | None = None  # one umT5 embedding for every prompt
     text_embeddings: str | None = None  # or DIR/<sha256(prompt)>.safetensors
     chunk_frames: int = report.CHUNK_FRAMES  # drift: PSNR per chunk of this many frames (1..c, c+1..2c, ...)
+    batch: int = 1  # teacher/student: episodes generated per model call (not a setting of the scores)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -81,6 +85,10 @@ class EvalConfig:
         if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
             raise ValueError(f"--frames must be ≥ 2, --steps and --max-episodes ≥ 1; got {self.frames}, "
                              f"{self.steps}, {self.max_episodes}")
+        if self.batch < 1:
+            raise ValueError(f"--batch must be ≥ 1, got {self.batch}")
+        if self.batch > 1 and self.model not in ("teacher", "student"):
+            raise ValueError(f"--batch: only the teacher and the student generate in batches (--model {self.model})")
         if self.shift_frames < 1 or self.chunk_frames < 1:
             raise ValueError(f"--shift-frames and --chunk-frames must be ≥ 1, got {self.shift_frames}, "
                              f"{self.chunk_frames}")
@@ -112,10 +120,33 @@ def evaluate(cfg: EvalConfig) -> dict:
     _check_same_run(cfg, out)
     todo = [n for n in names if not (out / "episodes" / f"{file_stem(n)}.json").exists()]
     runner = _runner(cfg) if todo and cfg.model != "generated" else None
-    for i, name in enumerate(tqdm(todo, desc=f"eval {cfg.model}", unit="episode", disable=not todo)):
-        partner = names[(names.index(name) + 1) % len(names)] if cfg.swap else None
-        _evaluate_episode(cfg, out, name, runner, partner)
+    with tqdm(total=len(todo), desc=f"eval {cfg.model}", unit="episode", disable=not todo) as bar:
+        for group in _groups(cfg, todo):
+            partners = [names[(names.index(n) + 1) % len(names)] if cfg.swap else None for n, _, _ in group]
+            truths = [episodes.load_truth(cfg.episodes, name, n, *hw) for name, n, hw in group]
+            for truth, partner, preds in zip(truths, partners, _predict(cfg, out, truths, partners, runner)):
+                _score_episode(cfg, out, truth, preds, partner)
+                bar.update()
     return report.write_report(out, names, config=_config_record(cfg), chunk_frames=cfg.chunk_frames)
+
+
+def _groups(cfg: EvalConfig, todo: list[str]) -> list[list[tuple[str, int, tuple[int, int]]]]:
+    """Episodes as (name, frames, (H, W)), in runs of at most `cfg.batch` consecutive episodes of one
+    frame count and size (what one model call takes)."""
+    groups: list[list[tuple[str, int, tuple[int, int]]]] = []
+    for name in todo:
+        available = episodes.available_frames(cfg.episodes, name)
+        if cfg.model == "generated":
+            available = min(available, episodes.video_size(Path(cfg.generated) / name / episodes.VIDEO_FILE)[0])
+        n = _frames_for(cfg, available)
+        if n < 2:
+            raise ValueError(f"episode {name}: {n} frame(s) to compare (needs ≥ 2; the teacher needs 1 + 4k ≥ 5)")
+        item = (name, n, _size(cfg, name))
+        if groups and len(groups[-1]) < cfg.batch and groups[-1][-1][1:] == item[1:]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 def _runner(cfg: EvalConfig):
@@ -126,8 +157,9 @@ def _runner(cfg: EvalConfig):
                               text_embeddings=cfg.text_embeddings)
     if cfg.model == "teacher":
         return models.teacher(cfg.dit, cfg.vae, cfg.seed, SamplingConfig(num_steps=cfg.steps), text=cfg.text,
-                              text_embeddings=cfg.text_embeddings)
-    return models.student(cfg.dit, cfg.vae, cfg.seed, text=cfg.text, text_embeddings=cfg.text_embeddings)
+                              text_embeddings=cfg.text_embeddings, batch=cfg.batch)
+    return models.student(cfg.dit, cfg.vae, cfg.seed, text=cfg.text, text_embeddings=cfg.text_embeddings,
+                          batch=cfg.batch)
 
 
 def _size(cfg: EvalConfig, name: str) -> tuple[int, int]:
@@ -138,34 +170,56 @@ def _size(cfg: EvalConfig, name: str) -> tuple[int, int]:
     return h, w
 
 
-def _evaluate_episode(cfg: EvalConfig, out: Path, name: str, runner, partner: str | None) -> None:
-    available = episodes.available_frames(cfg.episodes, name)
+def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners: list[str | None],
+             runner) -> list[dict[str, episodes.Generated]]:
+    """The model's variants for a group of episodes (one size): "model", and with `swap`
+    "model_swapped" (the partner's skeleton); the generated videos are saved as episodes."""
     if cfg.model == "generated":
-        available = min(available, episodes.video_size(Path(cfg.generated) / name / episodes.VIDEO_FILE)[0])
-    n = _frames_for(cfg, available)
-    if n < 2:
-        raise ValueError(f"episode {name}: {n} frame(s) to compare (needs ≥ 2; the teacher needs 1 + 4k ≥ 5)")
-    h, w = _size(cfg, name)
-    truth = episodes.load_truth(cfg.episodes, name, n, h, w)
-    preds: dict[str, episodes.Generated] = {}
-    if cfg.model == "generated":
-        preds["model"] = episodes.load_generated(cfg.generated, name, n)
-        if preds["model"].frames.shape[1:3] != (h, w):
-            raise ValueError(f"--generated {cfg.generated}/{name}: frames {preds['model'].frames.shape[1:3]}, "
-                             f"evaluating at {(h, w)} (drop --resolution)")
-    elif cfg.model == "world4d":
-        preds["model"] = runner(name, truth)
-        _save_generated(out / "generated" / name, preds["model"].frames, truth.skeleton, preds["model"])
+        preds = [{"model": episodes.load_generated(cfg.generated, t.name, len(t.frames))} for t in truths]
+        for t, p in zip(truths, preds):
+            if p["model"].frames.shape[1:3] != t.frames.shape[1:3]:
+                raise ValueError(f"--generated {cfg.generated}/{t.name}: frames {p['model'].frames.shape[1:3]}, "
+                                 f"evaluating at {t.frames.shape[1:3]} (drop --resolution)")
+        return preds
+    if cfg.model == "world4d":
+        preds = [{"model": runner(t.name, t)} for t in truths]
+        for t, p in zip(truths, preds):
+            _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton, p["model"])
     else:
-        preds["model"] = episodes.Generated(runner(name, truth.frames[0], truth.skeleton, truth.prompt))
-        _save_generated(out / "generated" / name, preds["model"].frames, truth.skeleton)
+        preds = _predict_controlled(cfg, out, truths, partners, runner)
+    for t, p in zip(truths, preds):  # the latent space's own ceiling (teacher: its VAE round trip)
+        if hasattr(runner, "reconstruct"):
+            p["autoencoder"] = runner.reconstruct(t)
+    return preds
+
+
+def _predict_controlled(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners: list[str | None],
+                        runner) -> list[dict[str, episodes.Generated]]:
+    """Teacher / student: the group's clips, then its swapped clips, in batched model calls."""
+    from rynn_jax.eval.models import Request
+
+    requests = [Request(t.name, t.frames[0], t.skeleton, t.prompt) for t in truths]
+    for t, partner in zip(truths, partners):  # the swapped clips after the group's own
         if partner is not None:
+            n, (h, w) = len(t.frames), t.frames.shape[1:3]
             other = episodes.load_truth(cfg.episodes, partner, episodes.available_frames(cfg.episodes, partner), h, w)
-            control = _fit_length(other.skeleton, n)
-            preds["model_swapped"] = episodes.Generated(runner(name, truth.frames[0], control, truth.prompt))
-            _save_generated(out / "generated_swapped" / name, preds["model_swapped"].frames, control)
-    if hasattr(runner, "reconstruct"):  # the latent space's own ceiling (teacher: its VAE round trip)
-        preds["autoencoder"] = runner.reconstruct(truth)
+            requests.append(Request(t.name, t.frames[0], _fit_length(other.skeleton, n), t.prompt))
+    videos = iter(runner(requests))
+    preds = [{"model": episodes.Generated(next(videos))} for _ in truths]
+    for t, p in zip(truths, preds):
+        _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton)
+    swapped = iter(requests[len(truths):])
+    for t, partner, p in zip(truths, partners, preds):
+        if partner is not None:
+            p["model_swapped"] = episodes.Generated(next(videos))
+            _save_generated(out / "generated_swapped" / t.name, p["model_swapped"].frames, next(swapped).skeleton_thw3)
+    return preds
+
+
+def _score_episode(cfg: EvalConfig, out: Path, truth: episodes.Truth, preds: dict[str, episodes.Generated],
+                   partner: str | None) -> None:
+    """Score every variant and the baselines of one episode; write its record (last), features, strip."""
+    name, n, (h, w) = truth.name, len(truth.frames), truth.frames.shape[1:3]
     preds["copy_first_frame"] = baselines.copy_first_frame(truth)
     preds["shifted"] = baselines.shifted(truth, cfg.shift_frames)
     if cfg.model == "world4d":  # depth and flow also scored as the videos the model generates

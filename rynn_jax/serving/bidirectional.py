@@ -70,13 +70,22 @@ class WorldModel(SplitModels):
                  context_sk: np.ndarray, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
         """Reference image (H, W, 3) and skeleton video (1+4k, H, W, 3), both uint8 → generated
         video (1+4k, H, W, 3) uint8 whose frame 0 reproduces the reference."""
-        if reference_hw3.shape != skeleton_thw3.shape[1:]:
-            raise ValueError(f"reference image {reference_hw3.shape} and skeleton frames "
-                             f"{skeleton_thw3.shape[1:]} differ in size")
-        image_latent = self.encode(to_model_range(reference_hw3)[None, None])
-        control = self.encode(to_model_range(skeleton_thw3)[None])
-        latents = self.sample_latents(key, image_latent, control, jnp.asarray(context_sk)[None], sampling)
-        return to_uint8(self.decode(latents)[0])
+        return self.generate_batch(key[None], reference_hw3[None], skeleton_thw3[None],
+                                   np.asarray(context_sk)[None], sampling)[0]
+
+    def generate_batch(self, keys_b: jax.Array, references_bhw3: np.ndarray, skeletons_bthw3: np.ndarray,
+                       contexts_bsk: np.ndarray, sampling: SamplingConfig = SamplingConfig()) -> np.ndarray:
+        """`generate` for B clips at once, clip b's noise from keys_b[b] alone (the same video as
+        `generate` with that key, up to the rounding of a batched matmul)."""
+        if references_bhw3.shape[1:] != skeletons_bthw3.shape[2:] or len(references_bhw3) != len(skeletons_bthw3):
+            raise ValueError(f"reference images {references_bhw3.shape} and skeleton videos "
+                             f"{skeletons_bthw3.shape} differ in batch or frame size")
+        if keys_b.shape != (len(references_bhw3),):
+            raise ValueError(f"one key per clip: {keys_b.shape} keys for {len(references_bhw3)} clips")
+        image_latent = self.encode(to_model_range(references_bhw3)[:, None])
+        control = self.encode(to_model_range(skeletons_bthw3))
+        latents = self.sample_latents(keys_b, image_latent, control, jnp.asarray(contexts_bsk), sampling)
+        return to_uint8(self.decode(latents))
 
 
 # Weights are arguments (not closure constants) so a 5B model is never baked into the executable.
