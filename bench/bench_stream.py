@@ -149,6 +149,38 @@ def run_session(session, render, joints, elbows, image, ctx, chunks: int, warm_c
     return rgb, summarize(rows, image.shape[0], warm_chunks)
 
 
+def breakdown(render, joints, elbows, encoder, decoder, b: int, h: int, w: int, frames_per_block: int,
+              z_dim: int, stride: int, reps: int = 5) -> dict:
+    """Where a later block's time goes, outside the fused step: the skeleton render, the streaming
+    encode of its 4F frames and the decode of F latents, each jitted alone at the session's shapes
+    (median of `reps` after a warm-up); the rest of a block is the DiT's (4 passes + the clean pass)."""
+    import jax
+    import jax.numpy as jnp
+
+    from rynn_jax.serving import codecs
+
+    enc, enc_p = codecs.split(encoder)
+    dec, dec_p = codecs.split(decoder)
+    n = 4 * frames_per_block
+    x = jnp.zeros((b, n, h, w, 3), jnp.float32)
+    z = jnp.zeros((b, frames_per_block, h // stride, w // stride, z_dim), jnp.float32)
+    ecache, dcache = enc.init_encode_cache(b, h, w), dec.init_decode_cache(b, h, w)
+    encode = jax.jit(lambda p, c, v: codecs.encode_block(enc, p, c, v, first=False)[0])
+    decode = jax.jit(lambda p, c, v: codecs.decode_block(dec, p, c, v, first=False)[0])
+    calls = {"render_ms": lambda: render(jnp.asarray(joints[:n]), jnp.asarray(elbows[:n]), b),
+             "encode_ms": lambda: encode(enc_p, ecache, x), "decode_ms": lambda: decode(dec_p, dcache, z)}
+    out = {}
+    for name, call in calls.items():
+        call().block_until_ready()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call().block_until_ready()
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[name] = statistics.median(times)
+    return out
+
+
 def run_ab(sessions: dict, render, joints, elbows, image, ctx, chunks: int, warm_chunks: int):
     """Two sessions in one process: each streams its warm-up chunks, then they take turns chunk by
     chunk, so slow drifts of the machine (clocks, other tenants) hit both alike. → {name: (rgb, summary)}."""
@@ -210,6 +242,9 @@ def main() -> None:
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
     p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
                    help="VAE kernel convs: this conv_kernel.TILE_PRESETS entry instead of KernelConv's SERVING_TILES")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time the skeleton render, the block's encode and decode alone (the rest of a block: "
+                        "the DiT)")
     p.add_argument("--out", default="bench/results/stream.json")
     a = p.parse_args()
     if a.conv_tiles and not (a.vae_conv or "").startswith("kernel"):
@@ -347,6 +382,14 @@ def main() -> None:
                 res["precompile_s"] = precompile_s[name]
             if name:
                 res["variant"] = name
+            if a.breakdown:
+                parts = breakdown(render, joints, elbows, tiny_ae if a.encoder == "tae" else vae,
+                                  tiny_ae if a.decoder == "tae" else vae, b, a.height, a.width,
+                                  CausalConfig().frames_per_block, dit_cfg.in_channels, vae_cfg.spatial_stride)
+                parts["dit_and_rest_ms"] = res["median_block_ms"] - sum(parts.values())
+                res["breakdown"] = parts
+                print(f"B={b}: median block {res['median_block_ms']:.1f} ms = " + ", ".join(
+                    f"{k[:-3]} {v:.1f}" for k, v in parts.items()) + " ms", flush=True)
             results.append(res)
             compiled = "after compiling ahead" if a.precompile else "includes compilation"
             print(f"B={b}{' ' + name if name else ''}: time to first frame {res['time_to_first_frame_s']:.2f} s "
