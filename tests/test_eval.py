@@ -131,6 +131,59 @@ def test_flow_epe_closed_form_and_sim_flow(truths):
     assert want.max() > 0.05  # something moves in the sim episode
 
 
+def _colour_aepe_f64(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Per-frame mean over pixels of the 3-channel L2 distance in [0, 1] RGB (float64)."""
+    d = pred.astype(np.float64) / 255.0 - true.astype(np.float64) / 255.0
+    return np.sqrt((d * d).sum(-1)).mean((-2, -1))
+
+
+def test_colour_aepe_closed_forms():
+    rng = np.random.default_rng(3)
+    true = rng.integers(0, 241, (4, 5, 7, 3), dtype=np.uint8)
+    pred = rng.integers(0, 256, true.shape, dtype=np.uint8)
+    np.testing.assert_allclose(metrics.colour_aepe(pred, true), _colour_aepe_f64(pred, true), rtol=1e-6)
+    np.testing.assert_array_equal(metrics.colour_aepe(true, true), 0.0)
+    # a constant colour offset (3, 4, 12)/255: every pixel is 13/255 away
+    np.testing.assert_allclose(metrics.colour_aepe(true + np.uint8([3, 4, 12]), true), 13 / 255, rtol=1e-6)
+    # white (zero flow) against black: the largest distance, √3
+    white, black = np.full((2, 3, 3, 3), 255, np.uint8), np.zeros((2, 3, 3, 3), np.uint8)
+    np.testing.assert_allclose(metrics.colour_aepe(white, black), np.sqrt(3), rtol=1e-6)
+    # leading axes are frames: a batch of videos scores as each video alone
+    batch = metrics.colour_aepe(np.stack([pred, true]), np.stack([true, pred]))
+    np.testing.assert_allclose(batch, np.stack([_colour_aepe_f64(pred, true)] * 2), rtol=1e-6)
+
+
+def test_colour_aepe_on_flow_encodings():
+    """Zero flow (white) against the colour-wheel encoding of a flow field: the float64 distance of
+    the encoded colours, and a longer flow (more saturated colour) is further from white."""
+    from rynn_jax.data import geometry_video as gv
+
+    y, x = np.meshgrid(np.linspace(-1, 1, 6), np.linspace(-1, 1, 8), indexing="ij")
+    flow = np.stack([np.stack([x, y], -1) * s for s in (4.0, 16.0)]).astype(np.float32)
+    true = gv.flow_to_rgb(flow)
+    white = np.full_like(true, 255)
+    got = np.asarray(metrics.colour_aepe(white, true))
+    np.testing.assert_allclose(got, _colour_aepe_f64(white, true), rtol=1e-6)
+    assert 0 < got[0] < got[1] < np.sqrt(3)
+
+
+def test_score_flow_video_aepe_frames_1_on():
+    from rynn_jax.eval.score import score, summarize
+
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    fv_true, fv_pred = (rng.integers(0, 256, frames.shape, dtype=np.uint8) for _ in range(2))
+    fv_true[0] = fv_pred[0] = 255  # frame 0 white in both, as the encoding makes it
+    fv_pred[1] = 0  # frame 1 far off; the scores must average frames 1.. only
+    truth = episodes.Truth("x", frames, frames, "", flow_video=fv_true)
+    per_frame = score(episodes.Generated(frames, flow_video=fv_pred), truth)
+    want = _colour_aepe_f64(fv_pred, fv_true)
+    np.testing.assert_allclose(per_frame["flow_video_aepe"], want, rtol=1e-6)
+    assert want[0] == 0
+    assert summarize(per_frame)["flow_video_aepe"] == pytest.approx(want[1:].mean(), rel=1e-6)
+    assert "flow_video_aepe" not in score(episodes.Generated(frames), truth)  # no generated flow video
+
+
 def test_baselines():
     tr = episodes.Truth("x", np.arange(6, dtype=np.uint8)[:, None, None, None].repeat(3, -1), None, "",
                         depth=np.arange(1, 7, dtype=np.float32)[:, None, None], flow=np.ones((5, 1, 1, 2), np.float32))
@@ -142,6 +195,13 @@ def test_baselines():
     assert s.flow[:, 0, 0, 0].tolist() == [0, 0, 1, 1, 1]
 
 
+def _score_flow_videos(pred_fv: np.ndarray, true_fv: np.ndarray) -> dict:
+    from rynn_jax.eval.score import score
+
+    frames = np.zeros((3, 32, 32, 3), np.uint8)
+    return score(episodes.Generated(frames, flow_video=pred_fv), episodes.Truth("x", frames, frames, "", flow_video=true_fv))
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: metrics.check_pair("gen", np.zeros((3, 8, 8, 3), np.uint8), "truth", np.zeros((4, 8, 8, 3), np.uint8)),
      "differ in shape"),
@@ -150,6 +210,10 @@ def test_baselines():
     (lambda: metrics.check_video("gen", np.zeros((8, 8, 3), np.uint8)), "(T, H, W, 3)"),
     (lambda: metrics.check_field("depth", np.full((2, 4, 4), np.nan, np.float32), ()), "non-finite"),
     (lambda: metrics.check_field("flow", np.zeros((2, 4, 4, 2), np.float32), (2,), like=(3, 4, 4, 2)), "differs"),
+    (lambda: _score_flow_videos(np.zeros((3, 32, 32, 3), np.uint8), np.zeros((3, 32, 16, 3), np.uint8)),
+     "differ in shape"),
+    (lambda: _score_flow_videos(np.full((3, 32, 32, 3), np.nan, np.float32), np.zeros((3, 32, 32, 3), np.uint8)),
+     "uint8"),
     (lambda: fvd.gaussian(np.zeros((1, 400))), "N ≥ 2"),
     (lambda: fvd.i3d_features(np.zeros((2, 4, 32, 32, 3), np.uint8)), "at least 9 frames"),
     (lambda: lpips_lib.lpips(np.zeros((2, 16, 16, 3), np.uint8), np.zeros((2, 16, 16, 3), np.uint8)), "at least 32"),

@@ -1,8 +1,8 @@
 """`eval.py --model world4d` end to end on a tiny random 4D model and one sim episode (the bundled
 test episode with a smooth depth and flow field added; evaluated at a smaller size, so the
 fields go through the evaluation's crop): every variant scored on RGB, depth (AbsRel, δ1 after
-median scaling), flow (EPE in pixels) and the depth/flow videos, against float64 closed forms of
-the saved predictions; bad inputs."""
+median scaling), flow (EPE in pixels), the depth/flow videos (PSNR; the flow video's colour-space
+AEPE, the paper's), against float64 closed forms of the saved predictions; bad inputs."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile
     assert set(s["variants"]) == {"model", "autoencoder", "copy_first_frame", "shifted"}
     for v in s["variants"].values():
         assert set(v) >= {"psnr", "ssim", "lpips", "depth_absrel", "depth_delta1", "flow_epe", "depth_video_psnr",
-                          "flow_video_psnr"}
+                          "flow_video_psnr", "flow_video_aepe"}
     (name,) = episodes.list_episodes(sim_root)
     rec = json.loads((out / "episodes" / f"{name.replace('/', '__')}.json").read_text())
     truth = episodes.load_truth(sim_root, name, T, H, W)
@@ -78,7 +78,14 @@ def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile
     assert cff["depth_absrel"] == pytest.approx(_absrel_delta1(np.repeat(truth.depth[:1], T, 0), truth.depth)[0],
                                                 rel=1e-4)
     assert np.isfinite([s["variants"]["autoencoder"][m]["mean"] for m in ("depth_absrel", "flow_epe")]).all()
-    assert "depth_video_psnr" in (out / "report.md").read_text()
+    # colour-space AEPE of copy-first-frame: its flow video is white (zero flow), the truth's the
+    # colour wheel of the true flow; float64 distance in [0, 1] RGB, frames 1..
+    true_fv = episodes.with_encodings(truth).flow_video.astype(np.float64) / 255.0
+    want = np.sqrt(np.square(1.0 - true_fv[1:]).sum(-1)).mean()
+    assert want > 1e-3 and cff["flow_video_aepe"] == pytest.approx(want, rel=1e-5)
+    assert 0 < model["flow_video_aepe"] < np.sqrt(3)
+    report = (out / "report.md").read_text()
+    assert "depth_video_psnr" in report and "flow_video_aepe" in report
     # the saved generation scores the same as --model generated (the sim's depth/flow files)
     again = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
                   "--out", str(tmp_path / "gen"), "--frames", str(T), "--no-fvd", "--resolution", f"{H}x{W}"])

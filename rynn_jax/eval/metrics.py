@@ -18,6 +18,10 @@ frame 0 being the reference image the model was given):
   pixels with max(s·pred/true, true/(s·pred)) < 1.25.
 * Flow: average end-point error, mean over pixels of ‖pred − true‖₂, in pixels (forward flow
   t → t+1; one value per frame pair).
+* Colour-space flow AEPE (RynnWorld-4D's AEPE): on the colour-wheel flow videos (frame t = flow
+  t − 1 → t, frame 0 white), per frame the mean over all pixels of the L2 distance between the
+  two RGB colours in [0, 1] (all 3 channels, no decoding back to vectors, no resize); range
+  [0, √3]. Frame 0 (white in both) is left out by the frame average like every other metric.
 
 Inputs are host arrays checked before any device work (`check_*`): a shape, dtype, range or NaN
 problem raises one ValueError line naming the input.
@@ -133,6 +137,16 @@ def depth_errors(pred_thw: jax.Array, true_thw: jax.Array) -> tuple[jax.Array, j
 def flow_epe(pred_thw2: jax.Array, true_thw2: jax.Array) -> jax.Array:
     """Per-frame-pair average end-point error in pixels."""
     return jnp.linalg.norm(pred_thw2 - true_thw2, axis=-1).mean((-2, -1))
+
+
+@jax.jit
+def colour_aepe(pred_thwc: jax.Array, true_thwc: jax.Array) -> jax.Array:
+    """Per-frame AEPE of 8-bit colour-coded flow maps in normalised RGB: mean over pixels of
+    ‖pred/255 − true/255‖₂ over the 3 channels (RynnWorld-4D's flow metric; not pixels)."""
+    # difference of the 8-bit values first (exact in float32), then /255: identical maps give 0
+    # exactly, which unit(pred) − unit(true) does not under jit
+    d = jnp.asarray(pred_thwc, jnp.float32) - jnp.asarray(true_thwc, jnp.float32)
+    return jnp.sqrt(jnp.square(d).sum(-1)).mean((-2, -1)) / 255.0
 
 
 def video_mean(per_frame: np.ndarray, skip_first: bool = True) -> float:

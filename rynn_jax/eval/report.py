@@ -277,7 +277,7 @@ def markdown(s: dict) -> str:
 def summary_lines(s: dict) -> list[str]:
     """The results table (markdown) and the findings under it: what `eval.py` prints."""
     shown = [m for m in ("psnr", "ssim", "lpips", "robot_psnr", "depth_absrel", "depth_delta1", "flow_epe",
-                         "depth_video_psnr", "flow_video_psnr")
+                         "depth_video_psnr", "flow_video_psnr", "flow_video_aepe")
              if any(m in v for v in s["variants"].values())]
     head = ["variant"] + [m + (" ↑" if METRICS[m][0] else " ↓") for m in shown] + ["FVD ↓"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

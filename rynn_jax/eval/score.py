@@ -17,8 +17,9 @@ from rynn_jax.eval.lpips import lpips
 METRICS = {
     "psnr": (True, "dB"), "ssim": (True, ""), "lpips": (False, ""), "robot_psnr": (True, "dB"),
     "depth_absrel": (False, ""), "depth_delta1": (True, ""), "flow_epe": (False, "px"),
-    # RynnWorld-4D: PSNR of the depth (grey) and flow (colour-wheel) videos the model generates
-    "depth_video_psnr": (True, "dB"), "flow_video_psnr": (True, "dB"),
+    # RynnWorld-4D: PSNR of the depth (grey) and flow (colour-wheel) videos the model generates, and
+    # the paper's flow AEPE: distance of the flow videos' colours in [0, 1] RGB, not pixels
+    "depth_video_psnr": (True, "dB"), "flow_video_psnr": (True, "dB"), "flow_video_aepe": (False, ""),
 }
 
 
@@ -44,6 +45,8 @@ def score(pred: Generated, truth: Truth) -> dict[str, list[float]]:
         if pv is not None and tv is not None:
             pv, tv = metrics.check_pair(f"generated {name}", pv[:n], f"ground-truth {name}", tv[:n])
             out[f"{name}_psnr"] = metrics.psnr(pv, tv)
+            if name == "flow_video":
+                out["flow_video_aepe"] = metrics.colour_aepe(pv, tv)
     return {k: np.asarray(v, np.float64).tolist() for k, v in out.items()}
 
 
