@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Wheels (Python 3.12, x86-64) and EGL loader packages the lent GPU machine lacks, into the ignored
-# folders .whl/ and .gl/ of the repository (≈ 53 MB together).
+# folders .whl/ and .gl/ of the repository (≈ 54 MB together; ftfy + wcwidth: the umT5 tokenizer, which
+# the live server imports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude || printf '/.whl/\n/.gl/\n' >> .git/info/exclude
@@ -9,7 +10,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   mujoco==4.0.0 mujoco-core==4.0.0 glfw==2.11.0 PyOpenGL==3.1.10 grain==0.2.18 array_record==0.8.6 \
-  portpicker av==18.1.0 tensorboardX==2.6.5
+  portpicker av==18.1.0 tensorboardX==2.6.5 ftfy wcwidth
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 mkdir -p /tmp/amd64/partial
 apt-get $o update -qq
