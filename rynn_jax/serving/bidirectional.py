@@ -79,7 +79,7 @@ class WorldModel(SplitModels):
         `generate` with that key, up to the rounding of a batched matmul)."""
         if references_bhw3.shape[1:] != skeletons_bthw3.shape[2:] or len(references_bhw3) != len(skeletons_bthw3):
             raise ValueError(f"reference images {references_bhw3.shape} and skeleton videos "
-                             f"{skeletons_bthw3.shape} differ in batch or frame size")
+                             f"{skeletons_bthw3.shape} differ in size or batch")
         if keys_b.shape != (len(references_bhw3),):
             raise ValueError(f"one key per clip: {keys_b.shape} keys for {len(references_bhw3)} clips")
         image_latent = self.encode(to_model_range(references_bhw3)[:, None])
