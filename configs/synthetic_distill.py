@@ -16,8 +16,9 @@ Both phases read the pre-encoded latent shards the teacher trained on (21-frame 
 phase A needs no teacher samples (its targets are the clips' own velocities under block-wise
 teacher forcing), phase B only the clips' reference latent, text and control.
 
-Sizing (one H200, ≈ 8 + ≈ 10 minutes; estimates from the teacher's measured 17.9 steps/s at batch
-32, not yet measured for these programs): a phase-A step is one forward + backward over the
+Sizing (one H200, ≈ 8 + ≈ 10 minutes). Measured for phase B: 8.2 iterations/s at batch 16 on one
+H200 after a 58 s compile (weights revision 4: 1,863 iterations in 300 s). Estimated from the
+teacher's 17.9 steps/s at batch 32 before that: a phase-A step is one forward + backward over the
 [clean; noisy] chunk, twice the teacher's tokens, ≈ 2–2.5 teacher steps at equal batch → ≈ 7–9
 steps/s at batch 32, ≈ 3,400–4,300 steps in 8 minutes. A phase-B iteration at batch 16 is a critic
 update (a gradient-free 7-block rollout ≈ one teacher step, plus one flow-matching step ≈ one more,
@@ -31,8 +32,9 @@ set above both: the chain stops each phase after DISTILL_A_SECONDS / DISTILL_B_S
 phase A's student, each block regressed onto the clip's ground-truth latents (no teacher, no
 critic; gradients stop at the cache, cheaper than DMD's path through it). It fixes what phase A
 leaves (teacher forcing never shows the student its own blocks, so its errors compound over a
-chunk) at a cost a 2-core CPU can pay: the first bundled student was made this way on CPU with
-`--set data.batch_size=2 --set data.worker_count=0` (docs/FIDELITY.md, "Student").
+chunk) at a cost a 2-core CPU can pay: the first bundled student (revision 3) was made this way on CPU
+with `--set data.batch_size=2 --set data.worker_count=0`; DMD on a GPU then took it 1.2 dB further
+(revision 4; docs/FIDELITY.md, "Student").
 
 Learning rates are the paper's ×10 (phase A 1e-4; phase B generator and critic 2e-5, Adam β=(0,
 0.999)): an 8M-parameter model distilled in minutes, not a 5B one over days.
