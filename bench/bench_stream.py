@@ -375,6 +375,9 @@ def main() -> None:
         if a.ab in ("merge", "working-cache"):  # same weights, seeds and inputs: the same frames up to rounding
             (name_a, (rgb_a, _)), (name_b, (rgb_b, _)) = out.items()
             checks.close(f"B={b} {name_b} vs {name_a}: last block's frames", rgb_b, rgb_a, 1e-1)
+        parts = None if not a.breakdown else breakdown(
+            render, joints, elbows, tiny_ae if a.encoder == "tae" else vae, tiny_ae if a.decoder == "tae" else vae,
+            b, a.height, a.width, CausalConfig().frames_per_block, dit_cfg.in_channels, vae_cfg.spatial_stride)
         for name, (last_rgb, res) in out.items():
             checks.finite(f"B={b}{' ' + name if name else ''}: last block's frames", last_rgb)
             res["compile_cache_entries_at_start"] = cache_entries_at_start
@@ -382,14 +385,10 @@ def main() -> None:
                 res["precompile_s"] = precompile_s[name]
             if name:
                 res["variant"] = name
-            if a.breakdown:
-                parts = breakdown(render, joints, elbows, tiny_ae if a.encoder == "tae" else vae,
-                                  tiny_ae if a.decoder == "tae" else vae, b, a.height, a.width,
-                                  CausalConfig().frames_per_block, dit_cfg.in_channels, vae_cfg.spatial_stride)
-                parts["dit_and_rest_ms"] = res["median_block_ms"] - sum(parts.values())
-                res["breakdown"] = parts
+            if parts is not None:  # the codecs are every variant's: timed once per batch size
+                res["breakdown"] = {**parts, "dit_and_rest_ms": res["median_block_ms"] - sum(parts.values())}
                 print(f"B={b}: median block {res['median_block_ms']:.1f} ms = " + ", ".join(
-                    f"{k[:-3]} {v:.1f}" for k, v in parts.items()) + " ms", flush=True)
+                    f"{k[:-3]} {v:.1f}" for k, v in res["breakdown"].items()) + " ms", flush=True)
             results.append(res)
             compiled = "after compiling ahead" if a.precompile else "includes compilation"
             print(f"B={b}{' ' + name if name else ''}: time to first frame {res['time_to_first_frame_s']:.2f} s "

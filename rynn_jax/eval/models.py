@@ -37,6 +37,7 @@ from rynn_jax.serving.clip import episode_key, rollout
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.serving.world4d import Sample4D, decoded_sample
 
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One clip to generate: episode `name` (its noise key), the reference image (H, W, 3) and the
@@ -48,12 +49,14 @@ class Request:
 
 
 Runner = Callable[[list[Request]], list[np.ndarray]]
+# (keys (B,), references (B, H, W, 3), control videos (B, T, H, W, 3), contexts (B, S, K)) → (B, T, H, W, 3)
+BatchFn = Callable[[jnp.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
-def batched(generate: Callable[[list[Request]], np.ndarray], batch: int) -> Runner:
-    """Requests → videos, `batch` per call of `generate` (a list of exactly `batch` requests of one
-    size → (batch, T, H, W, 3)); the last call is padded with its last request, so every call runs
-    the same executable."""
+def batched(generate: BatchFn, batch: int, seed: int, contexts: Callable[[str], np.ndarray]) -> Runner:
+    """Requests → videos, `batch` per call of `generate`, each clip's key from `seed` and its episode
+    name and its context from its prompt; the last call is padded with its last request, so every
+    call runs the same executable."""
     if batch < 1:
         raise ValueError(f"batch must be ≥ 1, got {batch}")
 
@@ -64,7 +67,11 @@ def batched(generate: Callable[[list[Request]], np.ndarray], batch: int) -> Runn
         videos = []
         for i in range(0, len(requests), batch):
             part = requests[i:i + batch]
-            videos.extend(generate(part + [part[-1]] * (batch - len(part)))[:len(part)])
+            full = part + [part[-1]] * (batch - len(part))
+            out = generate(jnp.stack([episode_key(seed, r.name) for r in full]),
+                           np.stack([r.reference_hw3 for r in full]), np.stack([r.skeleton_thw3 for r in full]),
+                           np.stack([contexts(r.prompt) for r in full]))
+            videos.extend(out[:len(part)])
         return videos
 
     return run
@@ -75,16 +82,13 @@ def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
     model = build_world_model(dit, vae, seed)
     contexts = text_contexts(text, text_embeddings, model.dit_cfg.text_len, model.dit_cfg.text_dim)
 
-    def generate(requests: list[Request]) -> np.ndarray:
-        t = len(requests[0].skeleton_thw3)
+    def generate(keys_b, references_bhw3, skeletons_bthw3, contexts_bsk) -> np.ndarray:
+        t = skeletons_bthw3.shape[1]
         if (t - 1) % 4:
             raise ValueError(f"the teacher generates 1 + 4k frames, got a {t}-frame control video")
-        keys = jnp.stack([episode_key(seed, r.name) for r in requests])
-        return model.generate_batch(keys, np.stack([r.reference_hw3 for r in requests]),
-                                    np.stack([r.skeleton_thw3 for r in requests]),
-                                    np.stack([contexts(r.prompt) for r in requests]), sampling)
+        return model.generate_batch(keys_b, references_bhw3, skeletons_bthw3, contexts_bsk, sampling)
 
-    run = batched(generate, batch)
+    run = batched(generate, batch, seed, contexts)
 
     def reconstruct(truth: Truth) -> Generated:
         """The ground truth through the VAE and back: the best any model in this latent space can do."""
@@ -126,10 +130,7 @@ def student(dit: str | None, vae: str | None, seed: int, *, text: str | None = N
     session = streaming_session(dit, vae, seed, random_weights=dit is None and vae is None)
     contexts = text_contexts(text, text_embeddings, session.dit_cfg.text_len, session.dit_cfg.text_dim)
 
-    def generate(requests: list[Request]) -> np.ndarray:
-        keys = jnp.stack([episode_key(seed, r.name) for r in requests])
-        return rollout(session, np.stack([r.reference_hw3 for r in requests]),
-                       np.stack([r.skeleton_thw3 for r in requests]),
-                       jnp.stack([jnp.asarray(contexts(r.prompt)) for r in requests]), keys)
+    def generate(keys_b, references_bhw3, skeletons_bthw3, contexts_bsk) -> np.ndarray:
+        return rollout(session, references_bhw3, skeletons_bthw3, jnp.asarray(contexts_bsk), keys_b)
 
-    return batched(generate, batch)
+    return batched(generate, batch, seed, contexts)

@@ -187,8 +187,8 @@ def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners:
             _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton, p["model"])
     else:
         preds = _predict_controlled(cfg, out, truths, partners, runner)
-    for t, p in zip(truths, preds):  # the latent space's own ceiling (teacher: its VAE round trip)
-        if hasattr(runner, "reconstruct"):
+    if hasattr(runner, "reconstruct"):  # the latent space's own ceiling (teacher: its VAE round trip)
+        for t, p in zip(truths, preds):
             p["autoencoder"] = runner.reconstruct(t)
     return preds
 
