@@ -10,6 +10,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from rynn_jax import step_export
@@ -104,3 +105,54 @@ def test_portable_export_refuses_cudnn_attention(tmp_path):
     with pytest.raises(ValueError, match="lowers for CUDA only"):
         step_export.export_causal_step(model, CCFG, SCFG, tmp_path, batch=B, latent_hw=HW)
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def _export_tiny(out_dir: str) -> None:
+    """The artifact of test_export_roundtrip_in_fresh_process (same model, same inputs), written
+    to `out_dir` by whatever backend this process has."""
+    model = init_dit(CFG, seed=0)
+    nnx.update(model, jax.tree.map(lambda a: a + 0.05, nnx.state(model, nnx.Param)))
+    step_export.export_causal_step(model, CCFG, SCFG, f"{out_dir}/exp", batch=B, latent_hw=HW)
+    ref, ctx, controls, keys = _inputs()
+    np.savez(f"{out_dir}/inputs.npz", ref=ref, ctx=ctx, controls=controls, keys=keys)
+
+
+@pytest.mark.gpu  # JAX_PLATFORMS=cuda python -m pytest -q -s -m gpu tests/test_step_export.py
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+def test_artifact_exported_on_cpu_runs_on_gpu_like_the_jitted_gpu_step(tmp_path):
+    """Export on a CPU-only process (a build machine), load here on the GPU: the streamed blocks
+    equal what the jitted start/step give on the same GPU with the artifact's parameters."""
+    import os
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_step_export as t; " \
+           f"t._export_tiny({str(tmp_path)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    server = step_export.load(tmp_path / "exp")
+    inp = np.load(tmp_path / "inputs.npz")
+    state = server.start(inp["ref"], inp["ctx"])
+    theirs = []
+    for c, k in zip(inp["controls"], inp["keys"]):
+        x, state = server.step(state, c, k)
+        theirs.append(np.asarray(x))
+    assert all(leaf.devices() == {jax.devices()[0]} for leaf in jax.tree.leaves(state))  # ran on the GPU
+
+    # The jitted GPU path, with the artifact's parameters put back into the model's structure.
+    model = init_dit(CFG, seed=0)
+    graphdef, params = nnx.split(model)
+    params = jax.tree.unflatten(jax.tree.structure(params), server.params)
+    start = jax.jit(make_start(graphdef, CCFG))
+    step = jax.jit(make_step(graphdef, CCFG, SCFG), donate_argnums=1)
+    state = start(params, inp["ref"], inp["ctx"])
+    ours = []
+    for c, k in zip(inp["controls"], inp["keys"]):
+        x, state = step(params, state, c, k)
+        ours.append(np.asarray(x))
+    ours, theirs = np.stack(ours), np.stack(theirs)
+    diff = float(np.abs(ours - theirs).max())
+    print(f"\nartifact (exported on CPU) vs jitted, both on {jax.devices()[0].device_kind}: max |diff| {diff:.3g}, "
+          f"max |x| {float(np.abs(ours).max()):.3g}, bitwise equal: {bool((ours == theirs).all())}")
+    assert np.isfinite(theirs).all() and theirs.shape == (3, B, 2, *HW, 8)
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-5 * float(np.abs(ours).max()))
