@@ -185,3 +185,22 @@ def test_policy_config_round_trips_and_checks():
     with pytest.raises(ValueError, match="num_frames"):
         config_lib.PolicyConfig(encoder="cnn")  # 21 frames for a one-frame encoder
     assert math.prod(cfg.backbone.image_size) == 480 * 640
+
+
+def test_parallel_trials_equal_sequential(tmp_path):
+    """`--workers 2` (spawned processes, one actor each) writes the same trial records and table."""
+    from rynn_jax.policy import rollout
+
+    spec = rollout.ActorSpec(policy="tiny-cnn", name="untrained")
+    kw = dict(resolution=(64, 112), time_limit_s=1.25, videos=False, seed=100_000)
+    t1 = rollout.evaluate(spec, ["push_block"], 3, tmp_path / "one", **kw)
+    t2 = rollout.evaluate(spec, ["push_block"], 3, tmp_path / "two", workers=2, **kw)
+    assert t1 == t2
+
+    def records(d):
+        rows = [json.loads(x) for x in (d / "untrained" / "push_block" / "trials.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "act_s_per_chunk")} for r in rows]  # timings differ
+
+    one, two = records(tmp_path / "one"), records(tmp_path / "two")
+    assert [r["seed"] for r in two] == [100_000, 100_001, 100_002]
+    assert one == two

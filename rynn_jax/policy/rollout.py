@@ -16,6 +16,7 @@ frame strip, `<out>/<method>/<task>/trials.jsonl`, and the success table `<out>/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -186,29 +187,87 @@ def update_table(out: Path, method: str, task: str, successes: int, trials: int)
     return table
 
 
-def evaluate(actor: Actor, tasks: list[str], episodes: int, out: str | os.PathLike[str], *, seed: int = 100_000,
-             resolution: tuple[int, int] = (64, 112), time_limit_s: float = 10.0, videos: bool = True) -> dict:
-    """`episodes` trials per task on seeds seed, seed + 1, …; returns the success table."""
+@dataclasses.dataclass(frozen=True)
+class ActorSpec:
+    """What to build an actor from, in this process or in a worker process (actors hold jitted
+    functions and MuJoCo state, which do not pickle)."""
+    scripted: bool = False
+    policy: str = ""  # a policy directory, or "tiny-cnn" (an untrained toy policy)
+    name: str = ""
+    text_dir: str = ""
+
+    def build(self) -> Actor:
+        if self.scripted:
+            return ScriptedActor()
+        from rynn_jax.policy import inference
+        from rynn_jax.policy.config import PolicyConfig
+        from rynn_jax.policy.normalize import ActionNormalizer
+
+        if self.policy == "tiny-cnn":
+            norm = ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32))
+            policy = inference.from_params(PolicyConfig.tiny("cnn"), None, norm)
+        else:
+            policy = inference.load(self.policy)
+        return PolicyActor(policy, self.name or Path(self.policy).name, text_dir=self.text_dir)
+
+    @property
+    def label(self) -> str:
+        return "scripted" if self.scripted else self.name or Path(self.policy).name
+
+
+_WORKER_ACTOR: Actor | None = None
+
+
+def _init_worker(spec: ActorSpec) -> None:
+    global _WORKER_ACTOR
+    _WORKER_ACTOR = spec.build()
+
+
+def _trial(job: tuple) -> dict:
+    """One trial in this process's actor; writes its video and strip, returns its record."""
     from rynn_jax.render.preview import save_png, save_video
     from rynn_jax.sim.episode import FPS
 
+    task, seed, resolution, time_limit_s, video_dir = job
+    r = run_trial(_WORKER_ACTOR, task, seed, resolution=resolution, time_limit_s=time_limit_s)
+    video, _ = r.pop("video"), r.pop("sim")
+    if video_dir:
+        save_video(Path(video_dir) / f"trial_{seed}.mp4", video, fps=int(FPS))
+        save_png(Path(video_dir) / f"trial_{seed}_strip.png", frame_strip(video))
+    return r
+
+
+def evaluate(spec: ActorSpec, tasks: list[str], episodes: int, out: str | os.PathLike[str], *, seed: int = 100_000,
+             resolution: tuple[int, int] = (64, 112), time_limit_s: float = 10.0, videos: bool = True,
+             workers: int = 1) -> dict:
+    """`episodes` trials per task on seeds seed, seed + 1, …; returns the success table. `workers`
+    > 1 runs trials in that many processes (spawned, each with its own actor; trials are
+    independent, so the records are the same as in one process)."""
     out = Path(out)
     table: dict = {}
-    for task in tasks:
-        d = out / actor.name / task
-        d.mkdir(parents=True, exist_ok=True)
-        wins = 0
-        with open(d / "trials.jsonl", "w") as log:
-            for i in range(episodes):
-                r = run_trial(actor, task, seed + i, resolution=resolution, time_limit_s=time_limit_s)
-                video, _ = r.pop("video"), r.pop("sim")
-                if videos:
-                    save_video(d / f"trial_{seed + i}.mp4", video, fps=int(FPS))
-                    save_png(d / f"trial_{seed + i}_strip.png", frame_strip(video))
-                wins += r["success"]
-                log.write(json.dumps(r) + "\n")
-                print(json.dumps({k: r[k] for k in ("task", "seed", "success", "frames", "wall_s")}), flush=True)
-        table = update_table(out, actor.name, task, wins, episodes)
+    pool = None
+    if workers > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(spec,))
+    else:
+        _init_worker(spec)
+    try:
+        for task in tasks:
+            d = out / spec.label / task
+            d.mkdir(parents=True, exist_ok=True)
+            jobs = [(task, seed + i, resolution, time_limit_s, str(d) if videos else "") for i in range(episodes)]
+            results = pool.imap(_trial, jobs) if pool else map(_trial, jobs)
+            wins = 0
+            with open(d / "trials.jsonl", "w") as log:
+                for r in results:  # in seed order
+                    wins += r["success"]
+                    log.write(json.dumps(r) + "\n")
+                    print(json.dumps({k: r[k] for k in ("task", "seed", "success", "frames", "wall_s")}), flush=True)
+            table = update_table(out, spec.label, task, wins, episodes)
+    finally:
+        if pool:
+            pool.terminate()
     return table
 
 
@@ -226,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds of simulated time per trial")
     ap.add_argument("--text-embeddings", default="", help="umT5 goal embeddings directory (default: hashed)")
     ap.add_argument("--no-videos", action="store_true", help="skip per-trial videos and strips")
+    ap.add_argument("--workers", type=int, default=1, help="trials run in this many processes at once")
     a = ap.parse_args(argv)
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
@@ -241,21 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.text_embeddings:
         errors.existing(a.text_embeddings, "--text-embeddings", kind="directory")
     errors.writable_dir(a.out, "--out")
-    if a.scripted:
-        actor: Actor = ScriptedActor()
-    else:
-        from rynn_jax.policy import inference
-        from rynn_jax.policy.config import PolicyConfig
-        from rynn_jax.policy.normalize import ActionNormalizer
-
-        if a.policy == "tiny-cnn":
-            norm = ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32))
-            policy = inference.from_params(PolicyConfig.tiny("cnn"), None, norm)
-        else:
-            errors.existing(a.policy, "--policy", kind="directory")
-            policy = inference.load(a.policy)
-        actor = PolicyActor(policy, a.name or Path(a.policy).name, text_dir=a.text_embeddings)
-    table = evaluate(actor, tasks, a.episodes, a.out, seed=a.seed, resolution=res, time_limit_s=a.time_limit,
-                     videos=not a.no_videos)
+    if a.workers < 1:
+        raise errors.UsageError(f"--workers {a.workers}: need ≥ 1")
+    if not a.scripted and a.policy != "tiny-cnn":
+        errors.existing(a.policy, "--policy", kind="directory")
+    spec = ActorSpec(scripted=a.scripted, policy=a.policy or "", name=a.name, text_dir=a.text_embeddings)
+    table = evaluate(spec, tasks, a.episodes, a.out, seed=a.seed, resolution=res, time_limit_s=a.time_limit,
+                     videos=not a.no_videos, workers=a.workers)
     print((Path(a.out) / "success.md").read_text())
     return 0 if table else 1
