@@ -34,6 +34,8 @@ N_TRAIN=${N_TRAIN:-$(const TRAIN_PER_TASK)}
 N_HELDOUT=${N_HELDOUT:-$(const HELDOUT_PER_TASK)}
 TRAIN_DIR=$(const DATA_TRAIN); HELDOUT_DIR=$(const DATA_HELDOUT); TEXT_DIR=$(const TEXT_EMBEDDINGS)
 LATENT_DIR=$(dirname "$(const LATENTS)"); AE_DIR=$(const AUTOENCODER); SUFFIX=${CONFIG_SUFFIX:-}
+AE4D_DIR=$(const AUTOENCODER_4D)
+ae4d() { [ -f "$AE4D_DIR/config.json" ] && echo "$AE4D_DIR" || echo "$AE_DIR"; }  # 4D stages: the depth/flow-tuned one once trained
 TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT); LATENT4D_DIR=$(dirname "$(const LATENTS_4D)")
 FRAMES_ARG=${FRAMES:+--frames $FRAMES}
 SIM_CACHE=${SIM_CACHE:-cache/sim_xla}  # the sim workers' shared compilation cache (held-out and training runs)
@@ -69,12 +71,18 @@ stage_autoencoder() {
   $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae${SUFFIX}.py" ${AE_STEPS:+--set total_steps=$AE_STEPS}
 }
 
+stage_autoencoder4d() {  # the committed autoencoder fine-tuned on RGB, skeleton, depth and flow videos
+  log "autoencoder4d"
+  limited "${AE4D_SECONDS:-}" $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae4d.py" \
+      ${AE4D_STEPS:+--set total_steps=$AE4D_STEPS} ${AE4D_ARGS:-}
+}
+
 preencode() {       # preencode OUT [FLAGS]: PREENCODE_WORKERS processes share the accelerator (a memory slice each)
   local out=$1 n=${PREENCODE_WORKERS:-4} pids=(); shift
   log "preencode $*: $n workers"
   for ((i = 0; i < n; i++)); do
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(awk "BEGIN{print 0.8/$n}") \
-    $PY -m rynn_jax.data.preencode --source robot --root "$TRAIN_DIR" --out "$out" --vae "$AE_DIR" \
+    $PY -m rynn_jax.data.preencode --source robot --root "$TRAIN_DIR" --out "$out" --vae "${VAE_DIR:-$AE_DIR}" \
         --text-embeddings "$TEXT_DIR" --text-dim "$(const TEXT_DIM)" --text-len "$(const TEXT_LEN)" \
         --frames "${CLIP_FRAMES:-$(const CLIP_FRAMES)}" --stride "${CLIP_STRIDE:-$(const CLIP_STRIDE)}" \
         --height "$H" --width "$W" --records-per-shard 64 --worker "$i" --num-workers "$n" "$@" > /dev/null &
@@ -83,7 +91,7 @@ preencode() {       # preencode OUT [FLAGS]: PREENCODE_WORKERS processes share t
   for p in "${pids[@]}"; do wait "$p"; done
 }
 stage_preencode() { preencode "$LATENT_DIR"; }
-stage_preencode4d() { preencode "$LATENT4D_DIR" --geometry; }   # the same clips + depth and flow latents
+stage_preencode4d() { VAE_DIR=$(ae4d) preencode "$LATENT4D_DIR" --geometry; }   # the same clips + depth and flow latents
 
 stage_teacher() {
   log "teacher"
@@ -133,7 +141,7 @@ stage_world4d() {   # RynnWorld-4D's three stages from the exported teacher, eac
 
 stage_eval4d() {    # the stage-3 model on the held-out episodes: RGB, depth (AbsRel, δ1), flow (EPE, px)
   log "eval4d (${VARIANT:-joint})"
-  $PY "$REPO/eval.py" --model world4d --dit "$(world4d_dir 3)" --vae "$AE_DIR" --episodes "$HELDOUT_DIR" \
+  $PY "$REPO/eval.py" --model world4d --dit "$(world4d_dir 3)" --vae "$(ae4d)" --episodes "$HELDOUT_DIR" \
       --text-embeddings "$TEXT_DIR" --out "eval/world4d_${VARIANT:-joint}" --frames "${EVAL_FRAMES:-33}" --no-fvd
 }
 

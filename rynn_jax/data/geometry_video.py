@@ -178,3 +178,42 @@ def clip_videos(episode_dir: str | os.PathLike[str], frame_index: np.ndarray, he
     if depth.shape[1:3] != (height, width):
         depth, flow_v = (video_lib.resize_crop(v, width, height) for v in (depth, flow_v))
     return {"depth": depth, "flow": flow_v}
+
+
+def geometry_window(path: str | os.PathLike[str], start: int, num_frames: int, height: int, width: int,
+                    max_px: float = FLOW_MAX_PX) -> np.ndarray:
+    """`num_frames` consecutive frames from `start` of an episode's depth.npz or flow.npz as the
+    video the autoencoder sees: (T, height, width, 3) uint8, resized and cropped like the RGB
+    frames. Flow: frame 0 of the window is white, frame i the flow start+i−1 → start+i (the
+    per-clip layout of `clip_videos`)."""
+    from rynn_jax.data import video as video_lib
+
+    path = Path(path)
+    try:
+        with np.load(path) as z:
+            arr = z["depth_mm"] if path.name == DEPTH_FILE else z["flow"]
+    except (OSError, KeyError, ValueError, EOFError) as e:
+        raise DataError(os.fspath(path), "unreadable depth/flow render", str(e)) from e
+    n = geometry_frames(path, arr)
+    if start < 0 or start + num_frames > n:
+        raise DataError(os.fspath(path), "window past the end", f"frames {start}..{start + num_frames - 1} of {n}")
+    if path.name == DEPTH_FILE:
+        video = depth_to_rgb(arr[start:start + num_frames].astype(np.float32) / 1000.0)
+    else:
+        white = np.full((1, *arr.shape[1:3], 3), 255, np.uint8)
+        video = np.concatenate([white, flow_to_rgb(arr[start:start + num_frames - 1].astype(np.float32), max_px)])
+    return video if video.shape[1:3] == (height, width) else video_lib.resize_crop(video, width, height)
+
+
+def geometry_frames(path: str | os.PathLike[str], arr: np.ndarray | None = None) -> int:
+    """Video frames of an episode's depth.npz (its frames) or flow.npz (its flows + 1)."""
+    path = Path(path)
+    if path.name not in (DEPTH_FILE, FLOW_FILE):
+        raise ValueError(f"{path}: not a {DEPTH_FILE} or {FLOW_FILE}")
+    if arr is None:
+        try:
+            with np.load(path) as z:
+                return len(z["depth_mm"] if path.name == DEPTH_FILE else z["flow"]) + (path.name == FLOW_FILE)
+        except (OSError, KeyError, ValueError, EOFError) as e:
+            raise DataError(os.fspath(path), "unreadable depth/flow render", str(e)) from e
+    return len(arr) + (path.name == FLOW_FILE)

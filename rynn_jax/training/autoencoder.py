@@ -43,6 +43,7 @@ from flax import nnx
 
 from rynn_jax import converted_weights, errors
 from rynn_jax.atomic import is_partial_dir
+from rynn_jax.data import geometry_video
 from rynn_jax.data import pipeline as pipeline_lib
 from rynn_jax.data import video as video_lib
 from rynn_jax.data.errors import DataError
@@ -64,6 +65,8 @@ log = logging.getLogger("rynn_jax.training")
 # --------------------------------------------------------------------------------------------------
 
 SIM_VIDEOS = {"rgb": "observation.images.head.mp4", "skeleton": "skeleton.mp4"}  # docs/sim.md
+# The exact depth and flow renders as the 4D model's grey / colour-wheel videos (data/geometry_video.py)
+GEOMETRY_VIDEOS = {"depth": "depth.npz", "flow": "flow.npz"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,6 +83,7 @@ class AutoencoderDataConfig:
     worker_buffer_size: int = 2  # batches each worker prepares ahead
     read_threads: int = 4  # decoding threads per process (PyAV releases the GIL)
     eval_clips: int = 64  # held-out clips evaluated, spread evenly over episodes × videos
+    flow_max_px: float = geometry_video.FLOW_MAX_PX  # colour-wheel radius of flow.npz videos (px)
     stats_clips: int = 256  # training clips whose posterior means give the exported latents_mean/std
 
 
@@ -158,18 +162,23 @@ def video_items(dirs: Sequence[str], videos: dict[str, str]) -> list[Item]:
 
 class LoadClip:
     """(item, rng) → {"video": uint8 (T, H, W, 3), "kind": int32}: a clip at a random start,
-    decoding only its frames (seek to the keyframe before it). Picklable for grain workers."""
+    decoding only its frames (seek to the keyframe before it); depth.npz / flow.npz items become
+    the 4D model's depth and flow videos of the same window. Picklable for grain workers."""
 
     def __init__(self, data: AutoencoderDataConfig):
-        self.t, self.h, self.w = data.num_frames, data.height, data.width
+        self.t, self.h, self.w, self.max_px = data.num_frames, data.height, data.width, data.flow_max_px
 
     def __call__(self, item: Item, rng: np.random.Generator) -> dict[str, np.ndarray]:
         kind, path = item
-        n = video_lib.probe_video(path).num_frames
+        geometry = path.endswith(".npz")
+        n = geometry_video.geometry_frames(path) if geometry else video_lib.probe_video(path).num_frames
         if n < self.t:
             raise DataError(path, "too short", f"{n} frames < data.num_frames {self.t}")
         start = int(rng.integers(0, n - self.t + 1))
-        frames = video_lib.read_frames(path, range(start, start + self.t), self.w, self.h)
+        if geometry:
+            frames = geometry_video.geometry_window(path, start, self.t, self.h, self.w, self.max_px)
+        else:
+            frames = video_lib.read_frames(path, range(start, start + self.t), self.w, self.h)
         return {"video": frames, "kind": np.int32(kind)}
 
 

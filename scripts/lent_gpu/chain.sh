@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
-# of: heldout data autoencoder preencode teacher export distill_a distill_b distill_export),
+# of: heldout data autoencoder autoencoder4d preencode teacher export distill_a distill_b distill_export),
 # DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
@@ -54,6 +54,17 @@ if has autoencoder; then
   [ -f weights/synthetic/autoencoder/config.json ] || {
     python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae.py" --out weights/synthetic/autoencoder >> out/autoencoder.log 2>&1
     log "autoencoder export rc=$?"; }
+fi
+if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
+  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  use autoencoder
+  AE4D_SECONDS=${AE4D_SECONDS:-600} AE4D_ARGS="--set data.worker_count=12 ${AE4D_ARGS:-}" \
+    $S autoencoder4d > out/autoencoder4d.log 2>&1
+  log "autoencoder4d rc=$?"
+  [ -f weights/synthetic/autoencoder4d/config.json ] || {
+    python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae4d.py" \
+      --out weights/synthetic/autoencoder4d >> out/autoencoder4d.log 2>&1
+    log "autoencoder4d export rc=$?"; }
 fi
 stop_data
 if has preencode; then
