@@ -13,7 +13,9 @@ all sessions per second of wall time, skeleton rendering included) over the chun
 warm-up chunks. The render is compiled for each block length before any clock starts; with
 `--precompile` (`StreamingSession.compile` first, as a server at boot) no block compiles anything.
 Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact Wan2.2 VAE for the
-tiny autoencoder of the same latent space (models/tae.py) on that side.
+tiny autoencoder of the same latent space (models/tae.py) on that side; with `--synthetic`,
+`--decoder tae` is the synthetic autoencoder's tiny decoder (TAEConfig.synthetic: the trained one in
+weights/synthetic/tiny_decoder when present, or `--tae-weights DIR`, else random weights).
 `--vae-conv kernel_fp8 --vae-fp8-static` decodes with our FP8 conv kernel and calibrated static
 scales (kernels/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
@@ -44,7 +46,7 @@ from rynn_jax.kernels.conv_kernel import TILE_PRESETS  # noqa: E402
 
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
-           fp8_calibration: dict | None, vae_calibration: dict | None = None) -> None:
+           fp8_calibration: dict | None, vae_calibration: dict | None = None, tae_source: str | None = None) -> None:
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny, synthetic=a.synthetic,
@@ -52,8 +54,22 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
                vae_conv_fp8_scales=vae_cfg.kernel_conv and vae_cfg.kernel_conv.fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
                token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
-               vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
+               vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], tae_weights=tae_source, checks=checks.rows,
+               argv=sys.argv[1:])
     write_json(path, out)
+
+
+def synthetic_tiny_decoder(path: str | None, dtype: str):
+    """The synthetic autoencoder's tiny decoder: `path`, else the bundled trained one when present,
+    else TAEConfig.synthetic at random (same shapes, same time). Returns (model, where from)."""
+    from rynn_jax.models.tae import TAEConfig, init_tae
+    from rynn_jax.models.tae_weights import load_tae
+    from rynn_jax.serving import student
+
+    path = path or student.bundled_tiny_decoder()
+    if path is None:
+        return init_tae(TAEConfig.synthetic(dtype=dtype), 0), "random TAEConfig.synthetic"
+    return load_tae(path), path
 
 
 def calibrate_vae_static(vae, height: int, width: int):
@@ -228,6 +244,9 @@ def main() -> None:
                    help="WanDiTConfig.token_multiple of the 5B DiT (16: a 1170-token block runs as 1184)")
     p.add_argument("--decoder", choices=["vae", "tae"], default="vae",
                    help="pixel decoder: the exact Wan2.2 VAE or the tiny autoencoder (models/tae.py)")
+    p.add_argument("--tae-weights", default=None, metavar="DIR",
+                   help="with --synthetic --decoder tae: this trained tiny decoder (default: the bundled one when "
+                        "present, else random weights)")
     p.add_argument("--encoder", choices=["vae", "tae"], default="vae",
                    help="skeleton/reference encoder: the exact Wan2.2 VAE or the tiny autoencoder")
     p.add_argument("--clean-pass", choices=["merged", "sequential"], default="merged",
@@ -257,6 +276,12 @@ def main() -> None:
         p.error("--ab merge times both clean passes; leave out --clean-pass")
     if a.tiny and a.synthetic:
         p.error("--tiny or --synthetic, not both")
+    if a.synthetic and a.encoder == "tae":
+        p.error("--encoder tae: the synthetic autoencoder has a tiny decoder only")
+    if a.tae_weights is not None and not (a.synthetic and a.decoder == "tae"):
+        p.error("--tae-weights needs --synthetic --decoder tae")
+    if a.tae_weights is not None and not os.path.isdir(a.tae_weights):
+        p.error(f"--tae-weights {a.tae_weights}: no such directory")
     a.height = a.height or (128 if a.synthetic else 480)
     a.width = a.width or (224 if a.synthetic else 832)
     if a.chunks <= a.warm_chunks:
@@ -307,8 +332,10 @@ def main() -> None:
     if a.vae_fp8_static:
         vae, vae_calibration = calibrate_vae_static(vae, a.height, a.width)
         vae_cfg = vae.cfg
-    tiny_ae = None
-    if "tae" in (a.encoder, a.decoder):
+    tiny_ae, tae_source = None, None
+    if a.synthetic and a.decoder == "tae":
+        tiny_ae, tae_source = synthetic_tiny_decoder(a.tae_weights, dtype)
+    elif "tae" in (a.encoder, a.decoder):
         from rynn_jax.models.tae import TAEConfig, init_tae
 
         tiny_ae = init_tae(TAEConfig.tiny(dtype=dtype) if a.tiny else TAEConfig.wan22(dtype=dtype), 0)
@@ -396,7 +423,7 @@ def main() -> None:
                   f"{res['steady_fps']:.1f} FPS aggregate, {res['steady_fps'] / b:.1f} per session "
                   f"(median block {res['median_block_ms']:.1f} ms)", flush=True)
         del sessions
-        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration, vae_calibration)  # a cut run keeps its rows
+        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration, vae_calibration, tae_source)  # a cut run keeps its rows
 
     print("\n| sessions | variant | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|---|")

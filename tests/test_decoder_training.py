@@ -251,3 +251,31 @@ def test_bad_inputs_are_one_line(episodes, autoencoder, tmp_path):
         with pytest.raises(errors.UsageError, match=match) as e:
             _cfg("tae", override)
         assert "\n" not in str(e.value)
+
+
+def test_decoder_flag_picks_the_bundled_tiny_decoder(tmp_path, monkeypatch):
+    """`--decoder tiny` (serve.py demo / generate): the trained tiny decoder beside the bundled
+    student and autoencoder; `--tae` as given; conflicts and a missing decoder in one line."""
+    from rynn_jax.models.causal import CausalConfig
+    from rynn_jax.serving import assemble, student
+    from rynn_jax.serving.block_step import SERVING_STEPS
+
+    monkeypatch.setenv(student.WEIGHTS_ENV, str(tmp_path))
+    for name in ("student", "autoencoder"):
+        (tmp_path / name / converted_weights.PARAMS_DIR).mkdir(parents=True)
+        (tmp_path / name / converted_weights.CONFIG_FILE).write_text("{}")
+    student.write_spec(tmp_path / "student", student.StudentSpec(causal=CausalConfig(), steps=SERVING_STEPS,
+                                                                 chunk_frames=21))
+    assert assemble.decoder_checkpoint("vae", None) is None
+    assert assemble.decoder_checkpoint("vae", "taew2_2.pth") == "taew2_2.pth"
+    with pytest.raises(errors.MissingFileError, match="no bundled student with a trained tiny decoder") as e:
+        assemble.decoder_checkpoint("tiny", None)
+    assert "\n" not in str(e.value) and "synthetic_decoder.py:tae" in str(e.value)
+    save_tae(tmp_path / student.TINY_DECODER, tae_lib.init_tae(TAEConfig.synthetic(decoder_widths=(8, 8, 8, 8)), 0))
+    assert assemble.decoder_checkpoint("tiny", None) == str(tmp_path / student.TINY_DECODER)
+    assert load_tae(assemble.decoder_checkpoint("tiny", None)).cfg.z_dim == Z
+    for kwargs, match in (({"tae": "x.pth"}, "give one"), ({"dit": "d", "vae": "v"}, "not with --dit"),
+                          ({"random_weights": True}, "not with --dit")):
+        tae = kwargs.pop("tae", None)
+        with pytest.raises(errors.UsageError, match=match):
+            assemble.decoder_checkpoint("tiny", tae, **kwargs)

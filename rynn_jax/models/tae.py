@@ -37,6 +37,11 @@ madebyollin/seraena):
     4j-3 … 4j). The encoder was trained (training example, Wan2.1) to map frames 4j … 4j+3 to Wan
     latent j, i.e. it looks 3 frames further ahead than the Wan encoder.
 
+Beyond the released layout (config fields, defaults = taew2_2): `blocks_per_stage` MemBlocks per
+stage, and `decoder_only` (no encoder; the decoder of another autoencoder's latent space, trained by
+rynn_jax/training/decoder.py, `TAEConfig.synthetic`), whose stages may keep the resolution
+(`decoder_space_upscale` False: the reference's flag) for a smaller spatial stride.
+
 Streaming contract (same signatures and first call as vae.py, so a session can swap codecs):
   * encode_chunk: the first call (cache step 0) reads only frames[:, -1] and encodes it as that
     frame held for 4 frames, which is exactly the reference's encoding of a still image; later
