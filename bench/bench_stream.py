@@ -23,9 +23,10 @@ far one held-out forward lands from the bf16 model, next to the per-token FP8 mo
 Blocks run as served (`serving.block_step.SERVING_STEPS`: each block's clean cache pass merged into the
 next block's first denoising pass); `--clean-pass sequential` runs the passes in turn, as before
 the merged pass was served. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass
-copying the KV cache, as before the working cache was served, vs one working copy per block) time a variant and its
-baseline in one process, taking turns chunk by chunk after their warm-up (this bench's run-to-run
-spread between calls is ±3%, more than the differences being measured).
+copying the KV cache, as before the working cache was served, vs one working copy per block) / `--ab
+decoder` (the VAE's decoder vs the tiny one) time a variant and its baseline in one process, taking
+turns chunk by chunk after their warm-up (this bench's run-to-run spread between calls is ±3%, more
+than the differences being measured; on a shared CPU, far more).
 """
 
 from __future__ import annotations
@@ -252,10 +253,11 @@ def main() -> None:
     p.add_argument("--clean-pass", choices=["merged", "sequential"], default="merged",
                    help="merged (as served, StepConfig.merge_clean_pass): each block's clean cache pass runs in "
                         "one forward with the next block's first denoising pass; sequential: in turn")
-    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache"], default=None,
+    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache", "decoder"], default=None,
                    help="time two variants in one process, taking turns chunk by chunk: 'merge' = without / "
                         "with the merged clean pass; 'fp8-static' (needs --fp8) = per-token / static activation scales; "
-                        "'working-cache' = every pass copying the cache / one working copy per block")
+                        "'working-cache' = every pass copying the cache / one working copy per block; 'decoder' = "
+                        "the VAE's decoder / the tiny decoder (--decoder tae's)")
     p.add_argument("--precompile", action="store_true",
                    help="StreamingSession.compile() before start (reported as precompile_s: every program "
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
@@ -272,6 +274,10 @@ def main() -> None:
         if not a.fp8:
             p.error("--ab fp8-static needs --fp8")
         a.fp8_activations = "static"
+    if a.ab == "decoder":
+        if "--decoder" in sys.argv:
+            p.error("--ab decoder times both decoders; leave out --decoder")
+        a.decoder = "tae"  # builds the tiny decoder; the VAE's is the baseline
     if a.ab == "merge" and "--clean-pass" in sys.argv:
         p.error("--ab merge times both clean passes; leave out --clean-pass")
     if a.tiny and a.synthetic:
@@ -364,11 +370,13 @@ def main() -> None:
         frames = render_video_unchecked(rcfg, joints_n2213, elbows_n23, k, valid) * 2 - 1
         return jnp.broadcast_to(frames[None], (b, *frames.shape))
 
-    def make_session(model, merge: bool, working_cache: bool = True):
+    decoder = tiny_ae if a.decoder == "tae" else vae
+
+    def make_session(model, merge: bool, working_cache: bool = True, decoder=decoder):
         scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=merge, working_cache=working_cache)
         return StreamingSession(model, vae, CausalConfig(), scfg,
                                 unroll_layers=not a.no_unroll, encoder=tiny_ae if a.encoder == "tae" else None,
-                                decoder=tiny_ae if a.decoder == "tae" else None)
+                                decoder=decoder)
 
     merged = a.clean_pass == "merged"
     variants = {"": (dit, merged)}  # name → (DiT, merge_clean_pass)
@@ -376,6 +384,8 @@ def main() -> None:
         variants = {"sequential clean pass": (dit, False), "merged clean pass": (dit, True)}
     elif a.ab == "working-cache":
         variants = {"cache copied every pass": (dit, merged, False), "working cache per block": (dit, merged, True)}
+    elif a.ab == "decoder":
+        variants = {"vae decoder": (dit, merged, True, vae), "tiny decoder": (dit, merged, True, tiny_ae)}
     elif a.ab == "fp8-static":
         variants = {"fp8 per-token scales": (dit_per_token, merged),
                     "fp8 static scales": (dit, merged)}
@@ -402,17 +412,21 @@ def main() -> None:
         if a.ab in ("merge", "working-cache"):  # same weights, seeds and inputs: the same frames up to rounding
             (name_a, (rgb_a, _)), (name_b, (rgb_b, _)) = out.items()
             checks.close(f"B={b} {name_b} vs {name_a}: last block's frames", rgb_b, rgb_a, 1e-1)
-        parts = None if not a.breakdown else breakdown(
-            render, joints, elbows, tiny_ae if a.encoder == "tae" else vae, tiny_ae if a.decoder == "tae" else vae,
+        # the codecs are every variant's (timed once per batch size), but for --ab decoder's decoders
+        decoders = {name: v[3] for name, v in variants.items()} if a.ab == "decoder" else {name: decoder for name in out}
+        parts_of = {} if not a.breakdown else {id(d): breakdown(
+            render, joints, elbows, tiny_ae if a.encoder == "tae" else vae, d,
             b, a.height, a.width, CausalConfig().frames_per_block, dit_cfg.in_channels, vae_cfg.spatial_stride)
+            for d in {id(d): d for d in decoders.values()}.values()}
         for name, (last_rgb, res) in out.items():
+            parts = parts_of.get(id(decoders[name]))
             checks.finite(f"B={b}{' ' + name if name else ''}: last block's frames", last_rgb)
             res["compile_cache_entries_at_start"] = cache_entries_at_start
             if name in precompile_s:
                 res["precompile_s"] = precompile_s[name]
             if name:
                 res["variant"] = name
-            if parts is not None:  # the codecs are every variant's: timed once per batch size
+            if parts is not None:
                 res["breakdown"] = {**parts, "dit_and_rest_ms": res["median_block_ms"] - sum(parts.values())}
                 print(f"B={b}: median block {res['median_block_ms']:.1f} ms = " + ", ".join(
                     f"{k[:-3]} {v:.1f}" for k, v in res["breakdown"].items()) + " ms", flush=True)
