@@ -6,8 +6,8 @@ synthetic.AUTOENCODER), trained with its encoder frozen, so the teacher and the 
     python train.py --config configs/synthetic_decoder.py:vae   # the autoencoder's decoder fine-tuned → runs/…/autoencoder
     python -m rynn_jax.training.decoder export --config configs/synthetic_decoder.py:tae --out DIR   # newest checkpoint
 
-`:tae` trains TAEConfig.synthetic() (1.72M parameters; ≈ 80 ms per 3-latent block at 128×224 on 2
-CPU cores, vs ≈ 1 s for the autoencoder's decoder) from scratch on 17-frame clips of the training
+`:tae` trains TAEConfig.synthetic() (1.72M parameters; 84 ms per 3-latent block at 128×224 on 2
+CPU cores, vs 938 ms for the autoencoder's decoder) from scratch on 17-frame clips of the training
 episodes' head-camera video; `:vae` fine-tunes the exported decoder (4.8M-parameter autoencoder,
 decoder half) on the same clips and exports a whole autoencoder directory with the encoder and the
 latent statistics unchanged. Both score the held-out episodes after training (`heldout.json`:
@@ -16,8 +16,9 @@ latent statistics unchanged. Both score the held-out episodes after training (`h
 Sizing (GPU, not yet run): a step is one frozen-encoder forward and one decoder forward + backward
 at 16 × 17 × 128×224. The autoencoder recipe's full step (encoder and decoder, both with gradients)
 ran 13.8–15.4 steps/s on one H200, data loading included, so ≥ 15 steps/s is expected here:
-`:tae` 20,000 steps ≈ 20–25 min, `:vae` 6,000 steps ≈ 7 min. On a CPU, a short run for a look:
-`--set data.batch_size=4 --set data.worker_count=0 --set total_steps=600` (docs/autoencoder.md).
+`:tae` 20,000 steps ≈ 20–25 min, `:vae` 6,000 steps ≈ 7 min. On a CPU, a short run for a look
+(400 steps at batch 4: 22.9 dB held-out after 42 min on 2 shared cores; docs/autoencoder.md):
+`--set data.batch_size=4 --set data.worker_count=0 --set total_steps=400 --set optim.warmup_steps=40`.
 """
 
 import dataclasses
