@@ -156,8 +156,10 @@ class Parts:
 
     def __init__(self, cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig):
         self.flavour = cfg.decoder
-        split = lambda dtype: nnx.split(vae_lib.abstract_vae(dataclasses.replace(vae_cfg, dtype=dtype)),  # noqa: E731
-                                        _encoder_side, ...)
+
+        def split(dtype: str) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:  # the autoencoder computing in `dtype`
+            return nnx.split(vae_lib.abstract_vae(dataclasses.replace(vae_cfg, dtype=dtype)), _encoder_side, ...)
+
         # float32: the latents exactly as pre-encoding computed them (load_vae's compute dtype)
         self.encoder_graphdef, _, decoder_half = split("float32")
         self.decoder_half_shapes = decoder_half  # ShapeDtypeStructs: encoding never reads them
