@@ -3,6 +3,7 @@
     python train.py --config configs/tiny.py                       # CPU smoke run → runs/tiny-<time>/
     python train.py --config configs/stage1_lora.py --set optim.lr=1e-5 --set ckpt.dir=/ckpt/s1
     python train.py --config configs/synthetic_ae.py               # our own VAE (rynn_jax/training/autoencoder.py)
+    python train.py --config configs/synthetic_decoder.py:tae      # a decoder of its latents (training/decoder.py)
 
 A run with existing checkpoint steps in ckpt.dir resumes from the newest one. Ctrl-C (or SIGTERM)
 finishes the current step, saves it and exits 0 ("saved step N"), printing how to resume.
@@ -24,7 +25,7 @@ import jax
 
 from rynn_jax import data as data_lib
 from rynn_jax import errors, sharding
-from rynn_jax.training import autoencoder, checkpointing, optim, preflight
+from rynn_jax.training import autoencoder, checkpointing, decoder, optim, preflight
 from rynn_jax.training import config as config_lib
 from rynn_jax.training import input as input_lib
 from rynn_jax.training import loop as loop_lib
@@ -137,13 +138,16 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
                         help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
     args = parser.parse_args(argv)
     metrics_lib.setup_logging()
-    recipe = config_lib.load_config(args.config, (config_lib.TrainConfig, autoencoder.AutoencoderTrainConfig))
+    recipe = config_lib.load_config(args.config, (config_lib.TrainConfig, autoencoder.AutoencoderTrainConfig,
+                                                  decoder.DecoderTrainConfig))
     cfg = config_lib.apply_overrides(recipe, args.set)
     cfg = config_lib.with_run_dir(cfg, args.config)
     logging.info("run: checkpoints in %s, metrics in %s", cfg.ckpt.dir or "(none)", cfg.log.dir or "(none)")
     logging.info("config: %s", json.dumps(config_lib.to_dict(cfg)))
     if isinstance(cfg, autoencoder.AutoencoderTrainConfig):
         return autoencoder.train(cfg)
+    if isinstance(cfg, decoder.DecoderTrainConfig):
+        return decoder.train(cfg)
     return train(cfg)
 
 

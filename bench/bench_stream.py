@@ -13,7 +13,9 @@ all sessions per second of wall time, skeleton rendering included) over the chun
 warm-up chunks. The render is compiled for each block length before any clock starts; with
 `--precompile` (`StreamingSession.compile` first, as a server at boot) no block compiles anything.
 Prints a table, writes JSON. `--decoder tae` / `--encoder tae` swap the exact Wan2.2 VAE for the
-tiny autoencoder of the same latent space (models/tae.py) on that side.
+tiny autoencoder of the same latent space (models/tae.py) on that side; with `--synthetic`,
+`--decoder tae` is the synthetic autoencoder's tiny decoder (TAEConfig.synthetic: the trained one in
+weights/synthetic/tiny_decoder when present, or `--tae-weights DIR`, else random weights).
 `--vae-conv kernel_fp8 --vae-fp8-static` decodes with our FP8 conv kernel and calibrated static
 scales (kernels/vae_fp8.py; Hopper GPUs). `--fp8 --fp8-activations static` serves the FP8 DiT with calibrated activation scales
 (fp8.calibrate on random block-shaped inputs at the session's timesteps, not timed) and records how
@@ -21,9 +23,10 @@ far one held-out forward lands from the bf16 model, next to the per-token FP8 mo
 Blocks run as served (`serving.block_step.SERVING_STEPS`: each block's clean cache pass merged into the
 next block's first denoising pass); `--clean-pass sequential` runs the passes in turn, as before
 the merged pass was served. `--ab merge` / `--ab fp8-static` / `--ab working-cache` (every pass
-copying the KV cache, as before the working cache was served, vs one working copy per block) time a variant and its
-baseline in one process, taking turns chunk by chunk after their warm-up (this bench's run-to-run
-spread between calls is ±3%, more than the differences being measured).
+copying the KV cache, as before the working cache was served, vs one working copy per block) / `--ab
+decoder` (the VAE's decoder vs the tiny one) time a variant and its baseline in one process, taking
+turns chunk by chunk after their warm-up (this bench's run-to-run spread between calls is ±3%, more
+than the differences being measured; on a shared CPU, far more).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from rynn_jax.kernels.conv_kernel import TILE_PRESETS  # noqa: E402
 
 
 def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype: str, checks: Checks,
-           fp8_calibration: dict | None, vae_calibration: dict | None = None) -> None:
+           fp8_calibration: dict | None, vae_calibration: dict | None = None, tae_source: str | None = None) -> None:
     import jax
 
     out = dict(results=results, backend=jax.default_backend(), dtype=dtype, tiny=a.tiny, synthetic=a.synthetic,
@@ -52,8 +55,22 @@ def _write(path: str, results: list[dict], a: argparse.Namespace, vae_cfg, dtype
                vae_conv_fp8_scales=vae_cfg.kernel_conv and vae_cfg.kernel_conv.fp8_scales, vae_fp8_calibration=vae_calibration, fp8_dit=a.fp8,
                fp8_activations=a.fp8_activations if a.fp8 else None, fp8_calibration=fp8_calibration,
                token_multiple=a.token_multiple, merge_clean_pass=None if a.ab == "merge" else a.clean_pass == "merged", ab=a.ab, encoder=a.encoder, decoder=a.decoder,
-               vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], checks=checks.rows, argv=sys.argv[1:])
+               vae_conv_tiles=a.conv_tiles, resolution=[a.height, a.width], tae_weights=tae_source, checks=checks.rows,
+               argv=sys.argv[1:])
     write_json(path, out)
+
+
+def synthetic_tiny_decoder(path: str | None, dtype: str):
+    """The synthetic autoencoder's tiny decoder: `path`, else the bundled trained one when present,
+    else TAEConfig.synthetic at random (same shapes, same time). Returns (model, where from)."""
+    from rynn_jax.models.tae import TAEConfig, init_tae
+    from rynn_jax.models.tae_weights import load_tae
+    from rynn_jax.serving import student
+
+    path = path or student.bundled_tiny_decoder()
+    if path is None:
+        return init_tae(TAEConfig.synthetic(dtype=dtype), 0), "random TAEConfig.synthetic"
+    return load_tae(path), path
 
 
 def calibrate_vae_static(vae, height: int, width: int):
@@ -228,15 +245,19 @@ def main() -> None:
                    help="WanDiTConfig.token_multiple of the 5B DiT (16: a 1170-token block runs as 1184)")
     p.add_argument("--decoder", choices=["vae", "tae"], default="vae",
                    help="pixel decoder: the exact Wan2.2 VAE or the tiny autoencoder (models/tae.py)")
+    p.add_argument("--tae-weights", default=None, metavar="DIR",
+                   help="with --synthetic --decoder tae: this trained tiny decoder (default: the bundled one when "
+                        "present, else random weights)")
     p.add_argument("--encoder", choices=["vae", "tae"], default="vae",
                    help="skeleton/reference encoder: the exact Wan2.2 VAE or the tiny autoencoder")
     p.add_argument("--clean-pass", choices=["merged", "sequential"], default="merged",
                    help="merged (as served, StepConfig.merge_clean_pass): each block's clean cache pass runs in "
                         "one forward with the next block's first denoising pass; sequential: in turn")
-    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache"], default=None,
+    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache", "decoder"], default=None,
                    help="time two variants in one process, taking turns chunk by chunk: 'merge' = without / "
                         "with the merged clean pass; 'fp8-static' (needs --fp8) = per-token / static activation scales; "
-                        "'working-cache' = every pass copying the cache / one working copy per block")
+                        "'working-cache' = every pass copying the cache / one working copy per block; 'decoder' = "
+                        "the VAE's decoder / the tiny decoder (--decoder tae's)")
     p.add_argument("--precompile", action="store_true",
                    help="StreamingSession.compile() before start (reported as precompile_s: every program "
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
@@ -253,10 +274,20 @@ def main() -> None:
         if not a.fp8:
             p.error("--ab fp8-static needs --fp8")
         a.fp8_activations = "static"
+    if a.ab == "decoder":
+        if "--decoder" in sys.argv:
+            p.error("--ab decoder times both decoders; leave out --decoder")
+        a.decoder = "tae"  # builds the tiny decoder; the VAE's is the baseline
     if a.ab == "merge" and "--clean-pass" in sys.argv:
         p.error("--ab merge times both clean passes; leave out --clean-pass")
     if a.tiny and a.synthetic:
         p.error("--tiny or --synthetic, not both")
+    if a.synthetic and a.encoder == "tae":
+        p.error("--encoder tae: the synthetic autoencoder has a tiny decoder only")
+    if a.tae_weights is not None and not (a.synthetic and a.decoder == "tae"):
+        p.error("--tae-weights needs --synthetic --decoder tae")
+    if a.tae_weights is not None and not os.path.isdir(a.tae_weights):
+        p.error(f"--tae-weights {a.tae_weights}: no such directory")
     a.height = a.height or (128 if a.synthetic else 480)
     a.width = a.width or (224 if a.synthetic else 832)
     if a.chunks <= a.warm_chunks:
@@ -307,8 +338,10 @@ def main() -> None:
     if a.vae_fp8_static:
         vae, vae_calibration = calibrate_vae_static(vae, a.height, a.width)
         vae_cfg = vae.cfg
-    tiny_ae = None
-    if "tae" in (a.encoder, a.decoder):
+    tiny_ae, tae_source = None, None
+    if a.synthetic and a.decoder == "tae":
+        tiny_ae, tae_source = synthetic_tiny_decoder(a.tae_weights, dtype)
+    elif "tae" in (a.encoder, a.decoder):
         from rynn_jax.models.tae import TAEConfig, init_tae
 
         tiny_ae = init_tae(TAEConfig.tiny(dtype=dtype) if a.tiny else TAEConfig.wan22(dtype=dtype), 0)
@@ -337,11 +370,13 @@ def main() -> None:
         frames = render_video_unchecked(rcfg, joints_n2213, elbows_n23, k, valid) * 2 - 1
         return jnp.broadcast_to(frames[None], (b, *frames.shape))
 
-    def make_session(model, merge: bool, working_cache: bool = True):
+    decoder = tiny_ae if a.decoder == "tae" else vae
+
+    def make_session(model, merge: bool, working_cache: bool = True, decoder=decoder):
         scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=merge, working_cache=working_cache)
         return StreamingSession(model, vae, CausalConfig(), scfg,
                                 unroll_layers=not a.no_unroll, encoder=tiny_ae if a.encoder == "tae" else None,
-                                decoder=tiny_ae if a.decoder == "tae" else None)
+                                decoder=decoder)
 
     merged = a.clean_pass == "merged"
     variants = {"": (dit, merged)}  # name → (DiT, merge_clean_pass)
@@ -349,6 +384,8 @@ def main() -> None:
         variants = {"sequential clean pass": (dit, False), "merged clean pass": (dit, True)}
     elif a.ab == "working-cache":
         variants = {"cache copied every pass": (dit, merged, False), "working cache per block": (dit, merged, True)}
+    elif a.ab == "decoder":
+        variants = {"vae decoder": (dit, merged, True, vae), "tiny decoder": (dit, merged, True, tiny_ae)}
     elif a.ab == "fp8-static":
         variants = {"fp8 per-token scales": (dit_per_token, merged),
                     "fp8 static scales": (dit, merged)}
@@ -375,17 +412,21 @@ def main() -> None:
         if a.ab in ("merge", "working-cache"):  # same weights, seeds and inputs: the same frames up to rounding
             (name_a, (rgb_a, _)), (name_b, (rgb_b, _)) = out.items()
             checks.close(f"B={b} {name_b} vs {name_a}: last block's frames", rgb_b, rgb_a, 1e-1)
-        parts = None if not a.breakdown else breakdown(
-            render, joints, elbows, tiny_ae if a.encoder == "tae" else vae, tiny_ae if a.decoder == "tae" else vae,
+        # the codecs are every variant's (timed once per batch size), but for --ab decoder's decoders
+        decoders = {name: v[3] for name, v in variants.items()} if a.ab == "decoder" else {name: decoder for name in out}
+        parts_of = {} if not a.breakdown else {id(d): breakdown(
+            render, joints, elbows, tiny_ae if a.encoder == "tae" else vae, d,
             b, a.height, a.width, CausalConfig().frames_per_block, dit_cfg.in_channels, vae_cfg.spatial_stride)
+            for d in {id(d): d for d in decoders.values()}.values()}
         for name, (last_rgb, res) in out.items():
+            parts = parts_of.get(id(decoders[name]))
             checks.finite(f"B={b}{' ' + name if name else ''}: last block's frames", last_rgb)
             res["compile_cache_entries_at_start"] = cache_entries_at_start
             if name in precompile_s:
                 res["precompile_s"] = precompile_s[name]
             if name:
                 res["variant"] = name
-            if parts is not None:  # the codecs are every variant's: timed once per batch size
+            if parts is not None:
                 res["breakdown"] = {**parts, "dit_and_rest_ms": res["median_block_ms"] - sum(parts.values())}
                 print(f"B={b}: median block {res['median_block_ms']:.1f} ms = " + ", ".join(
                     f"{k[:-3]} {v:.1f}" for k, v in res["breakdown"].items()) + " ms", flush=True)
@@ -396,7 +437,7 @@ def main() -> None:
                   f"{res['steady_fps']:.1f} FPS aggregate, {res['steady_fps'] / b:.1f} per session "
                   f"(median block {res['median_block_ms']:.1f} ms)", flush=True)
         del sessions
-        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration, vae_calibration)  # a cut run keeps its rows
+        _write(a.out, results, a, vae_cfg, dtype, checks, fp8_calibration, vae_calibration, tae_source)  # a cut run keeps its rows
 
     print("\n| sessions | variant | aggregate FPS | FPS per session | ms per frame | median block ms | first frame s |")
     print("|---|---|---|---|---|---|---|")

@@ -2,7 +2,12 @@
 
     python bench/bench_vae.py --latent-frames 21 --out bench/results/vae.json
 
-`--codec vae tae` also times the tiny autoencoder of the same latent space (models/tae.py).
+`--codec vae tae` also times the tiny autoencoder of the same latent space (models/tae.py); with
+`--synthetic`, the synthetic autoencoder's tiny decoder (TAEConfig.synthetic, decoder only: no
+encode rows):
+
+    python bench/bench_vae.py --synthetic --codec vae tae --height 128 --width 224 --latent-frames 7 \
+        --torch off --no-whole --out bench/results/vae_tiny_decoder_synthetic_cpu.json
 
 Times, for the full 2.2 VAE: streaming decode (one latent frame → 4 video frames per call, cache
 carried; the real-time path — per call with the host waiting on each, and per call with 8 calls
@@ -48,6 +53,8 @@ def check_streaming(checks: Checks, V, graphdef, params, cfg, z, video, height: 
     whole = jax.jit(functools.partial(V.decode, graphdef))(params, z[:, :2])
     checks.finite("stream decode", streamed)
     checks.close(f"{V.__name__}: stream decode vs whole-clip decode (2 latents)", streamed, whole, tol)
+    if getattr(cfg, "decoder_only", False):
+        return
 
     enc = jax.jit(functools.partial(V.encode_chunk, graphdef))
     ecache = V.init_encode_cache(cfg, 1, height, width)
@@ -98,24 +105,28 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
         t_queued[name] = [t / 8 for t in time_ms(lambda: queued_decode(step), 1, max(3, iters // 4))]
 
     enc_step = jax.jit(functools.partial(V.encode_chunk, graphdef), donate_argnums=1)
-    ecache = V.init_encode_cache(cfg, 1, height, width)
-    zz, ecache = enc_step(params, ecache, jnp.repeat(video[:, :1], 4 * k, axis=1))
-    zz.block_until_ready()
-    estate = {"cache": ecache}
+    estate = {}
+    if not getattr(cfg, "decoder_only", False):
+        ecache = V.init_encode_cache(cfg, 1, height, width)
+        zz, estate["cache"] = enc_step(params, ecache, jnp.repeat(video[:, :1], 4 * k, axis=1))
+        zz.block_until_ready()
 
     def one_encode():
         estate["out"], estate["cache"] = enc_step(params, estate["cache"], video[:, 1:1 + 4 * k])
         estate["out"].block_until_ready()
 
-    t_enc = time_ms(one_encode, 2, iters)
     if k > 1 and checks is not None:
         checks.finite(f"{impl}: stream decode, {k} per call", state["out"])
-        checks.finite(f"{impl}: stream encode, {k} per call", estate["out"])
     many = lambda n, what: f"{n} {what}" + ("s" if n > 1 else "")  # noqa: E731
     op = f"stream decode ({many(k, 'latent')} → {4 * k} frames)"
     rows = [dict(impl=impl, op=op + name + queued, latents_per_call=k, median_ms=statistics.median(t[name]),
                  per_frame_ms=statistics.median(t[name]) / (4 * k))
             for name in t_dec for queued, t in (("", t_dec), (", 8 calls queued", t_queued))]
+    if getattr(cfg, "decoder_only", False):  # a tiny decoder alone: nothing to encode with
+        return rows
+    t_enc = time_ms(one_encode, 2, iters)
+    if k > 1 and checks is not None:
+        checks.finite(f"{impl}: stream encode, {k} per call", estate["out"])
     return rows + [dict(impl=impl, op=f"stream encode ({4 * k} frames → {many(k, 'latent')})", latents_per_call=k,
                         median_ms=statistics.median(t_enc), per_frame_ms=statistics.median(t_enc) / (4 * k))]
 
@@ -141,7 +152,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
 
     if codec == "tae":
         V, impl = tae, "jax tae"
-        cfg = (tae.TAEConfig.tiny if tiny else tae.TAEConfig.wan22)(dtype=dtype)
+        cfg = (tae.TAEConfig.synthetic if synthetic else tae.TAEConfig.tiny if tiny else tae.TAEConfig.wan22)(dtype=dtype)
         model = tae.init_tae(cfg, 0)
     else:
         V, impl = vae, "jax" if conv_impl == "fold2d" else f"jax {conv_impl}"
@@ -173,7 +184,8 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         if k == 1 and checks is not None:
             check_streaming(checks, V, graphdef, params, cfg, z, video, height, width,
                             fp8_convs=conv_impl == "kernel_fp8")
-    for op, fn, x in (("decode", V.decode, z), ("encode", V.encode, video)) if whole else ():
+    ops = (("decode", V.decode, z),) + (() if getattr(cfg, "decoder_only", False) else (("encode", V.encode, video),))
+    for op, fn, x in ops if whole else ():
         f = jax.jit(functools.partial(fn, graphdef))
         try:  # one pass over all frames is memory-heavy at 81 frames; report, don't abort
             t = time_ms(lambda: f(params, x).block_until_ready(), 1, 3)

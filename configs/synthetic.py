@@ -34,6 +34,7 @@ TEXT_EMBEDDINGS = "data/synthetic/text_embeddings"
 LATENTS = "data/synthetic/latents/robot-*.array_record"
 AUTOENCODER = "weights/synthetic/autoencoder"
 AUTOENCODER_4D = "weights/synthetic/autoencoder4d"  # the autoencoder fine-tuned on depth and flow too (synthetic_ae4d.py)
+TINY_DECODER = "weights/synthetic/tiny_decoder"  # real-time decoder of its latents (configs/synthetic_decoder.py:tae)
 TEACHER = "weights/synthetic/teacher"  # exported EMA teacher (distillation's ckpt.init_from)
 STUDENT = "weights/synthetic/student"  # exported causal student (what serving loads by default)
 LATENTS_4D = "data/synthetic/latents4d/robot-*.array_record"  # + depth and flow latents (preencode --geometry)

@@ -32,6 +32,11 @@ def save_params(path: str | os.PathLike[str], params: dict, config: Any) -> None
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(path, PARAMS_DIR), params, force=True)
     ckptr.wait_until_finished()
+    save_config(path, config)
+
+
+def save_config(path: str | os.PathLike[str], config: Any) -> None:
+    """Write `config` (a dataclass) as `path/config.json`, with its class name (`load_config`)."""
     cfg = dataclasses.asdict(config)
     cfg["__class__"] = type(config).__name__
     with open(os.path.join(path, CONFIG_FILE), "w") as f:

@@ -37,6 +37,11 @@ madebyollin/seraena):
     4j-3 … 4j). The encoder was trained (training example, Wan2.1) to map frames 4j … 4j+3 to Wan
     latent j, i.e. it looks 3 frames further ahead than the Wan encoder.
 
+Beyond the released layout (config fields, defaults = taew2_2): `blocks_per_stage` MemBlocks per
+stage, and `decoder_only` (no encoder; the decoder of another autoencoder's latent space, trained by
+rynn_jax/training/decoder.py, `TAEConfig.synthetic`), whose stages may keep the resolution
+(`decoder_space_upscale` False: the reference's flag) for a smaller spatial stride.
+
 Streaming contract (same signatures and first call as vae.py, so a session can swap codecs):
   * encode_chunk: the first call (cache step 0) reads only frames[:, -1] and encodes it as that
     frame held for 4 frames, which is exactly the reference's encoding of a still image; later
@@ -77,7 +82,7 @@ from rynn_jax.models.vae_config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
 Cache = dict[str, Any]
 Memory = list[list[jax.Array]]  # [stage][block] → (B, 1, h, w, C): the block's last input frame
 
-BLOCKS_PER_STAGE = 3  # MemBlocks per encoder / decoder stage in every TAEHV checkpoint
+BLOCKS_PER_STAGE = 3  # MemBlocks per encoder / decoder stage in every released TAEHV checkpoint
 
 # --------------------------------------------------------------------------------------------------
 # Config
@@ -95,6 +100,10 @@ class TAEConfig:
     decoder_widths: tuple[int, ...] = (256, 128, 64, 64)
     decoder_time_upscale: tuple[bool, ...] = (False, True, True)  # per stage: TGrow stride 2?
     decoder_space_upscale: tuple[bool, ...] = (True, True, True)  # per stage: nearest ×2?
+    blocks_per_stage: int = BLOCKS_PER_STAGE  # MemBlocks per encoder / decoder stage
+    # A decoder alone (no encoder parameters): trained for another autoencoder's latent space
+    # (rynn_jax/training/decoder.py); its spatial stride may then differ from the encoder layout's.
+    decoder_only: bool = False
     # Per-channel statistics of the Wan2.2 VAE's raw latents; used only with normalize=False
     # (the network itself works in the normalized space).
     latents_mean: tuple[float, ...] = WAN22_LATENTS_MEAN
@@ -114,6 +123,11 @@ class TAEConfig:
             raise ValueError(f"latents_mean/std need {z} values each")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        if self.blocks_per_stage < 1:
+            raise ValueError(f"blocks_per_stage must be ≥ 1, got {self.blocks_per_stage}")
+        if not self.decoder_only and not all(self.decoder_space_upscale):
+            raise ValueError("with an encoder every decoder stage upscales space (the encoder halves it in "
+                             "every stage); a decoder of another stride is decoder_only")
 
     @property
     def num_stages(self) -> int:
@@ -131,7 +145,8 @@ class TAEConfig:
 
     @property
     def spatial_stride(self) -> int:
-        return self.patch_size * 2 ** self.num_stages
+        """Pixels per latent along H and W (the decoder's upscaling; the encoder's when it has one)."""
+        return self.patch_size * 2 ** sum(self.decoder_space_upscale)
 
     @property
     def patch_channels(self) -> int:
@@ -147,6 +162,20 @@ class TAEConfig:
         """The same structure (every layer kind, same strides) with a few channels, for tests."""
         base = {"z_dim": 4, "encoder_width": 8, "decoder_widths": (16, 12, 8, 8),
                 "latents_mean": (0.1, -0.2, 0.3, -0.05), "latents_std": (0.5, 1.5, 0.8, 1.2)}
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def synthetic(cls, **overrides) -> TAEConfig:
+        """The real-time decoder of the synthetic world's autoencoder (WanVAEConfig.synthetic, 32
+        channels, stride 4×8×8; rynn_jax/training/decoder.py trains it): decoder only, the first
+        stage at the latents' resolution (no space upscale), then two ×2 stages and the 2×2 pixel
+        shuffle = stride 8; 1,718,092 parameters. Widths sized for ≲ 100 ms per 3-latent block at 128×224
+        on 2 CPU cores (measured 78–105 ms on shared cores, docs/PERFORMANCE.md). latents_mean/std:
+        the autoencoder's, set by the trainer."""
+        z = overrides.get("z_dim", 32)
+        base = {"z_dim": z, "decoder_only": True, "decoder_widths": (128, 64, 32, 32),
+                "decoder_space_upscale": (False, True, True), "blocks_per_stage": 2,
+                "latents_mean": (0.0,) * z, "latents_std": (1.0,) * z}
         return cls(**{**base, **overrides})
 
 
@@ -246,7 +275,7 @@ class EncoderStage(nnx.Module):
     def __init__(self, c: int, time_stride: int, cfg: TAEConfig, *, rngs: nnx.Rngs):
         self.pool = TimePool(c, time_stride, cfg, rngs=rngs)
         self.down = Conv(c, c, cfg, stride=2, bias=False, rngs=rngs)
-        self.blocks = nnx.List([MemBlock(c, cfg, rngs=rngs) for _ in range(BLOCKS_PER_STAGE)])
+        self.blocks = nnx.List([MemBlock(c, cfg, rngs=rngs) for _ in range(cfg.blocks_per_stage)])
 
     def __call__(self, x: jax.Array, memory: list[jax.Array] | None):
         return _run_blocks(self.blocks, self.down(self.pool(x)), memory)
@@ -256,7 +285,7 @@ class DecoderStage(nnx.Module):
     def __init__(self, c_in: int, c_out: int, time_stride: int, space_up: bool, cfg: TAEConfig, *,
                  rngs: nnx.Rngs):
         self.space_up = space_up
-        self.blocks = nnx.List([MemBlock(c_in, cfg, rngs=rngs) for _ in range(BLOCKS_PER_STAGE)])
+        self.blocks = nnx.List([MemBlock(c_in, cfg, rngs=rngs) for _ in range(cfg.blocks_per_stage)])
         self.grow = TimeGrow(c_in, time_stride, cfg, rngs=rngs)
         self.proj = Conv(c_in, c_out, cfg, bias=False, rngs=rngs)
 
@@ -338,13 +367,15 @@ class TinyAutoencoder(nnx.Module):
 
     def __init__(self, cfg: TAEConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.encoder = Encoder(cfg, rngs=rngs)
+        self.encoder = None if cfg.decoder_only else Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, rngs=rngs)
 
     def encode_frames(self, video_bthwc: jax.Array, memory: Memory | None, normalize: bool
                       ) -> tuple[jax.Array, Memory]:
         """Video in [-1, 1], T a multiple of the time stride → latents (float32), new memory."""
         cfg = self.cfg
+        if self.encoder is None:
+            raise ValueError("this tiny autoencoder is a decoder alone (decoder_only): it cannot encode")
         x = ((video_bthwc.astype(jnp.float32) + 1.0) * 0.5).astype(jnp.dtype(cfg.dtype))
         z, new_memory = self.encoder(pixel_unshuffle(x, cfg.patch_size), memory)
         z = z.astype(jnp.float32)
@@ -352,16 +383,18 @@ class TinyAutoencoder(nnx.Module):
             z = z * jnp.asarray(cfg.latents_std) + jnp.asarray(cfg.latents_mean)
         return z, new_memory
 
-    def decode_frames(self, z_bthwz: jax.Array, memory: Memory | None, normalize: bool
+    def decode_frames(self, z_bthwz: jax.Array, memory: Memory | None, normalize: bool, clip: bool = True
                       ) -> tuple[jax.Array, Memory]:
         """Latents → all decoded frames (decoder_temporal_stride per latent, nothing trimmed), in
-        [-1, 1] float32, and the new memory."""
+        [-1, 1] float32, and the new memory. clip=False: unclamped, for training losses (a clamped
+        pixel has no gradient to bring it back)."""
         cfg = self.cfg
         z = z_bthwz.astype(jnp.float32)
         if not normalize:  # raw Wan VAE latents → the normalized ones the network reads
             z = (z - jnp.asarray(cfg.latents_mean)) / jnp.asarray(cfg.latents_std)
         x, new_memory = self.decoder(z.astype(jnp.dtype(cfg.dtype)), memory)
-        frames01 = jnp.clip(pixel_shuffle(x, cfg.patch_size).astype(jnp.float32), 0.0, 1.0)
+        frames01 = pixel_shuffle(x, cfg.patch_size).astype(jnp.float32)
+        frames01 = jnp.clip(frames01, 0.0, 1.0) if clip else frames01
         return frames01 * 2.0 - 1.0, new_memory
 
 

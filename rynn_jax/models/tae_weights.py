@@ -1,6 +1,11 @@
 """Official tiny-autoencoder checkpoints (`taew2_2.pth`, `safetensors/taew2_2.safetensors`) → our
 TinyAutoencoder (models/tae.py): the name of every parameter in the reference's state dict, and
-the loader. The format is described in tae.py's module docstring."""
+the loader. The format is described in tae.py's module docstring.
+
+Our own trained tiny decoders (rynn_jax/training/decoder.py) are saved as a directory: `config.json`
+(the TAEConfig, rynn_jax.converted_weights' format) and `model.safetensors`, the state dict in the
+official names and torch layout (OIHW convs) in the config's dtype, so the reference reads it too.
+`load_tae` takes either form."""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ import os
 import re
 from collections.abc import Callable, Mapping
 
+import jax
 import numpy as np
 from flax import nnx
 
-from rynn_jax.models.tae import BLOCKS_PER_STAGE, TAEConfig, TinyAutoencoder, abstract_tae, tae_from_params
+from rynn_jax import converted_weights
+from rynn_jax.models.tae import TAEConfig, TinyAutoencoder, abstract_tae, tae_from_params
 from rynn_jax.torch_pickle import read_torch_checkpoint
 from rynn_jax.weights import (
     ConversionError,
@@ -36,7 +43,8 @@ def checkpoint_key(path: tuple[str, ...], cfg: TAEConfig) -> str:
     if leaf not in _LEAF_SUFFIX:
         raise ConversionError(f"our TAE leaf {'/'.join(path)} has no checkpoint counterpart")
     name, suffix = "/".join(module), _LEAF_SUFFIX[leaf]
-    n, per_enc, per_dec = cfg.num_stages, 2 + BLOCKS_PER_STAGE, 3 + BLOCKS_PER_STAGE
+    k = cfg.blocks_per_stage
+    n, per_enc, per_dec = cfg.num_stages, 2 + k, 3 + k
     block = r"stages/(\d+)/blocks/(\d+)/conv([012])"
     rules: list[tuple[str, Callable[[re.Match], str]]] = [
         ("encoder/conv_in", lambda m: "encoder.0"),
@@ -49,9 +57,9 @@ def checkpoint_key(path: tuple[str, ...], cfg: TAEConfig) -> str:
         ("decoder/" + block,
          lambda m: f"decoder.{3 + per_dec * int(m[1]) + int(m[2])}.conv.{2 * int(m[3])}"),
         (r"decoder/stages/(\d+)/grow/conv",
-         lambda m: f"decoder.{3 + per_dec * int(m[1]) + BLOCKS_PER_STAGE + 1}.conv"),
+         lambda m: f"decoder.{3 + per_dec * int(m[1]) + k + 1}.conv"),
         (r"decoder/stages/(\d+)/proj",
-         lambda m: f"decoder.{3 + per_dec * int(m[1]) + BLOCKS_PER_STAGE + 2}"),
+         lambda m: f"decoder.{3 + per_dec * int(m[1]) + k + 2}"),
         ("decoder/conv_out", lambda m: f"decoder.{3 + per_dec * n + 1}"),
     ]
     for pattern, rename in rules:
@@ -115,6 +123,36 @@ def read_tae_state_dict(path: str | os.PathLike[str]) -> Mapping[str, np.ndarray
     return open_safetensors(path)
 
 
+MODEL_FILE = "model.safetensors"  # a saved directory's weights (beside config.json)
+
+
+def tae_state_dict(model: TinyAutoencoder) -> dict[str, np.ndarray]:
+    """The inverse of `tae_from_state_dict`: official names, torch OIHW conv weights, the model's
+    parameter dtype."""
+    flat = flatten_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    names = {rule.target: rule.sources[0] for rule in tae_rules(model.cfg)}
+    out = {}
+    for path, value in flat.items():
+        value = np.asarray(jax.device_get(value))
+        out[names[path]] = np.ascontiguousarray(value.transpose(3, 2, 0, 1)) if value.ndim == 4 else value
+    return out
+
+
+def save_tae(path: str | os.PathLike[str], model: TinyAutoencoder) -> None:
+    """Write `model` as a directory `load_tae` reads: config.json + model.safetensors."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    save_file(tae_state_dict(model), os.path.join(path, MODEL_FILE))
+    converted_weights.save_config(path, model.cfg)
+
+
 def load_tae(path: str | os.PathLike[str], cfg: TAEConfig | None = None) -> TinyAutoencoder:
-    """The model from an official checkpoint file (default config: `TAEConfig.wan22()`)."""
+    """The model from an official checkpoint file (default config: `TAEConfig.wan22()`) or from a
+    directory `save_tae` wrote (its config.json; `cfg`, when given, must equal it)."""
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, converted_weights.CONFIG_FILE)):
+        saved = converted_weights.load_config(path, TAEConfig)
+        if cfg is not None and cfg != saved:
+            raise ConversionError(f"{path} holds a tiny autoencoder of another config than the one asked for")
+        return tae_from_state_dict(saved, open_safetensors(os.path.join(path, MODEL_FILE)))
     return tae_from_state_dict(cfg or TAEConfig.wan22(), read_tae_state_dict(path))

@@ -85,6 +85,31 @@ def check_model_flags(*, dit: str | None, vae: str | None, fp8: bool = False, fp
             errors.existing(path, flag)
 
 
+DECODERS = ("vae", "tiny")  # --decoder: the autoencoder's own decoder, or its trained tiny decoder
+
+
+def decoder_checkpoint(decoder: str, tae: str | None, *, dit: str | None = None, vae: str | None = None,
+                       random_weights: bool = False) -> str | None:
+    """The tiny decoder that `--decoder` and `--tae` pick (None: the VAE decodes): `--tae CKPT` as
+    given (an official taew2_2 file or a trained directory); `--decoder tiny` the bundled
+    autoencoder's trained one (`student.bundled_tiny_decoder`, configs/synthetic_decoder.py:tae)."""
+    if decoder not in DECODERS:
+        raise errors.UsageError(f"--decoder {decoder}: unknown", fix=f"choose from {', '.join(DECODERS)}")
+    if decoder == "vae":
+        return tae
+    if tae is not None:
+        raise errors.UsageError("--decoder tiny / --tae: give one (--tae names its own checkpoint)")
+    if dit is not None or vae is not None or random_weights:
+        raise errors.UsageError("--decoder tiny: decodes the bundled autoencoder's latents, not with --dit / --vae "
+                                "/ --random-weights", fix="pass --tae CKPT for other weights")
+    path = student_lib.bundled_tiny_decoder()
+    if path is None or student_lib.find_bundled() is None:
+        raise errors.MissingFileError(
+            f"--decoder tiny: no bundled student with a trained tiny decoder ({student_lib.weights_root()}/"
+            f"{student_lib.TINY_DECODER})", fix="train one: python train.py --config configs/synthetic_decoder.py:tae")
+    return path
+
+
 def build_dit(dit_dir: str | None, seed: int) -> WanDiT:
     """The DiT: converted/official weights, or the demo's tiny random one (matching tiny VAE latents)."""
     if dit_dir is not None:
@@ -141,8 +166,8 @@ def streaming_session(dit: str | None, vae: str | None, seed: int, *, fp8: bool 
     `choose_weights` picks: a student streams in the layout it was distilled for (its
     `student.json`), other networks in 2-frame blocks with a 4-frame rolling cache. Layers are
     unrolled for loaded weights only (faster serving, slower compiles: the tiny random model's short
-    rollouts are dominated by compile time). `tae`: an official taew2_2 checkpoint decodes instead
-    of the VAE."""
+    rollouts are dominated by compile time). `tae`: a tiny autoencoder decodes instead of the VAE, an
+    official taew2_2 checkpoint or a trained tiny decoder's directory (`decoder_checkpoint`)."""
     return session_for(choose_weights(dit, vae, random_weights), seed, fp8=fp8, fp8_scales=fp8_scales,
                        vae_fp8_scales=vae_fp8_scales, tae=tae)
 

@@ -8,7 +8,9 @@ pixel resolution of the latents it was trained on. `StreamingSession` built from
 
 The bundled weights: `<repo>/weights/synthetic/{student,autoencoder}` (or under `$RYNN_JAX_WEIGHTS`),
 the synthetic world's student and autoencoder, used by `serve.py demo`, `serve.py generate` and
-`assemble.streaming_session` when no `--dit/--vae` is given.
+`assemble.streaming_session` when no `--dit/--vae` is given; beside them, once trained
+(configs/synthetic_decoder.py:tae), `tiny_decoder/`, the real-time decoder of the autoencoder's
+latents (`--decoder tiny`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rynn_jax.serving.block_step import StepConfig
 SPEC_FILE = "student.json"
 WEIGHTS_ENV = "RYNN_JAX_WEIGHTS"  # a directory holding student/ and autoencoder/ (tests, other checkouts)
 BUNDLED_ROOT = Path(__file__).resolve().parents[2] / "weights" / "synthetic"
+TINY_DECODER = "tiny_decoder"  # under the bundled root: the autoencoder's trained tiny decoder
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +104,15 @@ def find_bundled_teacher(root: str | os.PathLike[str] | None = None) -> BundledT
     """The bundled teacher + autoencoder under `root` (default `weights_root()`), or None."""
     pair = _bundled_pair(root, "teacher")
     return BundledTeacher(*pair) if pair else None
+
+
+def bundled_tiny_decoder(root: str | os.PathLike[str] | None = None) -> str | None:
+    """The trained tiny decoder of the bundled autoencoder's latents (`root/tiny_decoder`, a
+    `tae_weights.save_tae` directory; root default `weights_root()`), or None when absent."""
+    from rynn_jax.models.tae_weights import MODEL_FILE
+
+    path = (Path(root) if root is not None else weights_root()) / TINY_DECODER
+    return str(path) if (path / converted_weights.CONFIG_FILE).is_file() and (path / MODEL_FILE).is_file() else None
 
 
 def absent_message(root: str | os.PathLike[str] | None = None) -> str:

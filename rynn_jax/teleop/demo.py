@@ -44,8 +44,8 @@ from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_png, save_video
 from rynn_jax.serving import student as student_lib
-from rynn_jax.serving.assemble import (TINY_SIM_RESOLUTION, Weights, build_world_model, check_model_flags,
-                                       check_resolution, choose_weights, session_for)
+from rynn_jax.serving.assemble import (DECODERS, TINY_SIM_RESOLUTION, Weights, build_world_model, check_model_flags,
+                                       check_resolution, choose_weights, decoder_checkpoint, session_for)
 from rynn_jax.serving.bidirectional import SamplingConfig
 from rynn_jax.serving.clip import fit_image, rollout
 from rynn_jax.serving.prompts import text_contexts
@@ -89,21 +89,25 @@ def check_clip_frames(num_frames: int) -> None:
 def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
         fp8_scales: str | None = None, vae_fp8_scales: str | None = None,
-        resolution: tuple[int, int] | None = None, random_weights: bool = False) -> dict:
+        resolution: tuple[int, int] | None = None, random_weights: bool = False, tae: str | None = None) -> dict:
     """`resolution` (H, W): the reference picture is resized and centre-cropped to it (as
     `serve.py generate` does); default: the size a student was trained at, else the picture's own.
     A student (the bundled one, or `--dit` with a `student.json`) streams block by block through
     `StreamingSession`; other DiTs sample the clip bidirectionally (`WorldModel`). Every input is
     read and checked before a model is built; the outputs appear together at the end (nothing on a
-    failure)."""
+    failure). `tae`: a tiny decoder for a student's rollout, as in `run_sim`."""
     check_clip_frames(num_frames)
-    check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, text=text)
+    check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, text=text,
+                      tae=tae)
     errors.existing(sample_dir, "--sample", kind="directory")
     stream = streams.read(sample_dir / STREAM_FILE)
     streams.check(stream, str(sample_dir / STREAM_FILE))
     reference = read_reference(sample_dir / IMAGE_FILE)
     t_video = video_times(stream, num_frames)
     weights = choose_weights(dit, vae, random_weights)
+    if tae is not None and weights.spec is None:
+        raise errors.UsageError("--tae / --decoder tiny: decode a streamed student's rollout; these weights are "
+                                "not a student")
     height, width = resolution or weights.resolution(reference.shape[:2])
     check_resolution(height, width, "--resolution" if resolution else f"{sample_dir / IMAGE_FILE}: size")
     errors.writable_dir(out, "--out")
@@ -122,7 +126,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
 
     stage("load")
     if weights.spec is not None:  # a student: streamed as served
-        model = session_for(weights, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales)
+        model = session_for(weights, seed, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
     else:
         model = build_world_model(weights.dit, weights.vae, seed, fp8=fp8, fp8_scales=fp8_scales,
                                   vae_fp8_scales=vae_fp8_scales)
@@ -193,8 +197,9 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     (the bundled teacher, until a student is bundled: `steps` sampler steps over 1 + 4k frames).
     `height`/`width` default to the bundled weights' training size (the tiny networks: 96×160).
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
-    so it may fail its goal check; the demo reports that and carries on). `tae`: an official tiny
-    autoencoder checkpoint (taew2_2 .pth/.safetensors) that decodes the rollout instead of the VAE.
+    so it may fail its goal check; the demo reports that and carries on). `tae`: a tiny autoencoder
+    that decodes the rollout instead of the VAE (an official taew2_2 .pth/.safetensors, or a trained
+    tiny decoder's directory: `assemble.decoder_checkpoint`).
     Bundled weights were trained with the task's hashed prompt (`rynn_jax.text`) and get it here."""
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
     weights = sim_weights(dit, vae, random_weights)
@@ -343,12 +348,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --vae: decode with FP8 convs and these static scales (`serve.py calibrate-vae-fp8`; "
                         "Hopper GPUs, emulated elsewhere): H200 36.0 vs ≈ 49–50 ms per 480×832 decode chunk")
     p.add_argument("--tae", default=None, metavar="CKPT",
-                   help="--world sim: decode with the tiny autoencoder from this official taew2_2 checkpoint "
-                        "(.pth or .safetensors; needs --dit/--vae with 48-channel latents): ≈ 0.5 instead of "
-                        "12.7 ms per 480×832 frame on an H200, lower fidelity")
+                   help="decode with this tiny autoencoder: an official taew2_2 checkpoint (.pth or .safetensors; "
+                        "needs --dit/--vae with 48-channel latents; ≈ 0.5 instead of 12.7 ms per 480×832 frame on "
+                        "an H200, lower fidelity) or a trained tiny decoder's directory")
+    p.add_argument("--decoder", default="vae", choices=DECODERS,
+                   help="tiny: the bundled autoencoder's trained tiny decoder (weights/synthetic/tiny_decoder, "
+                        "configs/synthetic_decoder.py:tae) instead of its own decoder, for real-time CPU streaming")
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="persistent XLA compilation cache: later runs skip compiling (rynn_jax.compile_cache)")
     a = p.parse_args(argv)
+    a.tae = decoder_checkpoint(a.decoder, a.tae, dit=a.dit, vae=a.vae, random_weights=a.random_weights)
     if a.compile_cache:
         compile_cache.enable(a.compile_cache)
     if a.world == "sim":
@@ -368,7 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = run(Path(a.out), num_frames=17 if a.frames is None else a.frames, steps=a.steps, seed=a.seed or 0,
                   sample_dir=Path(a.sample),
                   dit=a.dit, vae=a.vae, text=a.text, fp8=a.fp8, fp8_scales=a.fp8_scales,
-                  vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution, random_weights=a.random_weights)
+                  vae_fp8_scales=a.vae_fp8_scales, resolution=a.resolution, random_weights=a.random_weights,
+                  tae=a.tae)
     print(json.dumps(summary, indent=1))
     print(f"outputs in {os.path.abspath(a.out)}:\n"
           "  side_by_side.mp4  generated | skeleton\n"

@@ -76,7 +76,8 @@ from rynn_jax.kinematics import layout, streams
 from rynn_jax.kinematics.retarget import retarget_stream
 from rynn_jax.render import RenderConfig, default_intrinsics, render_video
 from rynn_jax.render.preview import save_video
-from rynn_jax.serving.assemble import TINY_SIM_RESOLUTION, check_model_flags, check_resolution, choose_weights, session_for
+from rynn_jax.serving.assemble import (DECODERS, TINY_SIM_RESOLUTION, check_model_flags, check_resolution,
+                                       choose_weights, decoder_checkpoint, session_for)
 from rynn_jax.serving.clip import episode_key, fit_image, noise_id, rollout
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.serving.session import StreamingSession
@@ -368,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fp8", action="store_true", help="FP8 DiT block linears (serve.py demo --help)")
     p.add_argument("--fp8-scales", default=None, metavar="FILE", help="with --fp8: static activation scales")
     p.add_argument("--vae-fp8-scales", default=None, metavar="FILE", help="with --vae: FP8 decoder convs")
-    p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")
+    p.add_argument("--tae", default=None, metavar="CKPT",
+                   help="decode with this tiny autoencoder (official taew2_2 file or trained tiny decoder directory)")
+    p.add_argument("--decoder", default="vae", choices=DECODERS,
+                   help="tiny: the bundled autoencoder's trained tiny decoder (serve.py demo --help)")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     p.add_argument("--sequential", action="store_true",
                    help="no threads: prepare, generate and write one after the other (same episodes, slower)")
@@ -377,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                         "exported to --out/lerobot or --out/rlds (data/README.md)")
     formats_export.add_arguments(p)
     a = p.parse_args(argv)
+    a.tae = decoder_checkpoint(a.decoder, a.tae, dit=a.dit, vae=a.vae, random_weights=a.random_weights)
     if a.format != "robot":
         formats_export.check_arguments(a)
     episodes = Path(a.out) / "episodes" if a.format != "robot" else Path(a.out)

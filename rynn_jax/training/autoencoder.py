@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grain
 import jax
@@ -454,14 +454,28 @@ def train(cfg: AutoencoderTrainConfig) -> list[float]:
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
     graphdef, state = init_state(cfg, tx)
     log.info("autoencoder: %d parameters", vae_lib.count_params(state.params))
+    evaluate_state = (lambda st: evaluate(Codec(graphdef, final_params(st)), cfg.data, heldout)) if heldout else None
+    state, losses_seen = run_steps(cfg, state, make_step(cfg, graphdef, tx), data_iter, evaluate_state)
+    if cfg.export_dir:
+        export(cfg, final_params(state), cfg.export_dir)
+    return losses_seen
 
+
+def run_steps(cfg, state: TrainState, step_fn, data_iter: grain.DatasetIterator,
+              evaluate_state: Callable[[TrainState], dict[str, float]] | None = None
+              ) -> tuple[TrainState, list[float]]:
+    """The loop of the clip trainers (this one and training/decoder.py; `cfg` has their common
+    fields: data, ckpt, log, total_steps, eval_every, debug_kill_at_step): resume from cfg.ckpt.dir,
+    compile `step_fn` (state, {"video": uint8}) ahead with the state donated, run to total_steps
+    with checkpoints, logged throughput and MFU, and `evaluate_state` every cfg.eval_every steps.
+    Returns the final state and the losses of the steps run."""
     ckpt = checkpointing.Checkpointer(cfg.ckpt) if cfg.ckpt.dir else None
     if ckpt is not None:
         state = ckpt.resume(state, data_iter)
 
     d = cfg.data
     batch_spec = {"video": jax.ShapeDtypeStruct((d.batch_size, d.num_frames, d.height, d.width, 3), jnp.uint8)}
-    train_step = jax.jit(make_step(cfg, graphdef, tx), donate_argnums=0).lower(state, batch_spec).compile()
+    train_step = jax.jit(step_fn, donate_argnums=0).lower(state, batch_spec).compile()
     frames_per_step = d.batch_size * d.num_frames
     peak = cfg.log.peak_tflops_per_device * 1e12
     throughput = None
@@ -490,14 +504,12 @@ def train(cfg: AutoencoderTrainConfig) -> list[float]:
         state, m = train_step(state, {"video": jax.device_put(batch["video"])})
         loop.dispatched(s, m)
         loop.end_step(s, state)
-        if heldout and cfg.eval_every and (s % cfg.eval_every == 0 or s == cfg.total_steps):
-            result = evaluate(Codec(graphdef, final_params(state)), cfg.data, heldout)
+        if evaluate_state is not None and cfg.eval_every and (s % cfg.eval_every == 0 or s == cfg.total_steps):
+            result = evaluate_state(state)
             loop.writer.scalars(s, {f"heldout/{k}": v for k, v in result.items()})
             log.info("step %d held-out %s", s, result)
     loop.close()
-    if cfg.export_dir:
-        export(cfg, final_params(state), cfg.export_dir)
-    return losses_seen
+    return state, losses_seen
 
 
 # --------------------------------------------------------------------------------------------------

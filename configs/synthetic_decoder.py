@@ -1,0 +1,71 @@
+"""Decoders of the synthetic autoencoder's latent space (configs/synthetic_ae.py, exported to
+synthetic.AUTOENCODER), trained with its encoder frozen, so the teacher and the student stay valid
+(rynn_jax/training/decoder.py, docs/autoencoder.md "Decoders"):
+
+    python train.py --config configs/synthetic_decoder.py:tae   # the real-time tiny decoder → synthetic.TINY_DECODER
+    python train.py --config configs/synthetic_decoder.py:vae   # the autoencoder's decoder fine-tuned → runs/…/autoencoder
+    python -m rynn_jax.training.decoder export --config configs/synthetic_decoder.py:tae --out DIR   # newest checkpoint
+
+`:tae` trains TAEConfig.synthetic() (1.72M parameters; 84 ms per 3-latent block at 128×224 on 2
+CPU cores, vs 938 ms for the autoencoder's decoder) from scratch on 17-frame clips of the training
+episodes' head-camera video; `:vae` fine-tunes the exported decoder (4.8M-parameter autoencoder,
+decoder half) on the same clips and exports a whole autoencoder directory with the encoder and the
+latent statistics unchanged. Both score the held-out episodes after training (`heldout.json`:
+`psnr` = this decoder, `psnr_autoencoder` = the autoencoder's own, on the same latents).
+
+Sizing (GPU, not yet run): a step is one frozen-encoder forward and one decoder forward + backward
+at 16 × 17 × 128×224. The autoencoder recipe's full step (encoder and decoder, both with gradients)
+ran 13.8–15.4 steps/s on one H200, data loading included, so ≥ 15 steps/s is expected here:
+`:tae` 20,000 steps ≈ 20–25 min, `:vae` 6,000 steps ≈ 7 min. On a CPU, a short run for a look
+(400 steps at batch 4: 22.9 dB held-out after 42 min on 2 shared cores; docs/autoencoder.md):
+`--set data.batch_size=4 --set data.worker_count=0 --set total_steps=400 --set optim.warmup_steps=40`.
+"""
+
+import dataclasses
+
+from configs import synthetic
+from rynn_jax.models.tae import TAEConfig
+from rynn_jax.training.autoencoder import SIM_VIDEOS, AutoencoderDataConfig
+from rynn_jax.training.config import CheckpointConfig, LogConfig, OptimConfig
+from rynn_jax.training.decoder import DecoderTrainConfig
+
+FLAVOURS = ("tae", "vae")
+
+
+def get_config(flavour: str = "tae") -> DecoderTrainConfig:
+    if flavour not in FLAVOURS:
+        raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+    tae = flavour == "tae"
+    run = f"{synthetic.RUNS}/decoder_{flavour}"
+    return DecoderTrainConfig(
+        decoder=flavour,
+        tae=TAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS),
+        data=AutoencoderDataConfig(
+            train_dirs=(f"{synthetic.DATA_TRAIN}/*/episode_*",),
+            heldout_dirs=(f"{synthetic.DATA_HELDOUT}/*/episode_*",),
+            videos={"rgb": SIM_VIDEOS["rgb"]},  # what a served decoder decodes; skeletons are only encoded
+            height=synthetic.HEIGHT, width=synthetic.WIDTH, num_frames=17, batch_size=16, worker_count=8,
+            read_threads=2, eval_clips=96),
+        # from scratch: the autoencoder recipe's rate; fine-tuning: 5× lower, from its trained decoder
+        optim=OptimConfig(lr=1e-3 if tae else 2e-4, warmup_steps=200 if tae else 100, schedule="cosine",
+                          end_lr_factor=0.05, weight_decay=0.0, grad_clip=1.0, ema_decay=0.0),
+        ckpt=CheckpointConfig(dir=f"{run}/ckpt", every=1000, keep=2, init_from=synthetic.AUTOENCODER),
+        log=LogConfig(dir=f"{run}/logs", every=50),
+        total_steps=20000 if tae else 6000,
+        eval_every=0,
+        # the tiny decoder goes where serving looks for it (opt-in: --decoder tiny); a fine-tuned
+        # autoencoder replaces synthetic.AUTOENCODER only by hand, after its held-out PSNR is read
+        export_dir=synthetic.TINY_DECODER if tae else f"{run}/autoencoder",
+    )
+
+
+def tiny(cfg: DecoderTrainConfig) -> DecoderTrainConfig:
+    """A CPU/CI-sized variant of `cfg` (configs/synthetic_decoder_tiny.py)."""
+    return dataclasses.replace(
+        cfg, tae=TAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS, decoder_widths=(16, 8, 8, 8), blocks_per_stage=1),
+        total_steps=100,
+        data=dataclasses.replace(cfg.data, height=64, width=96, num_frames=5, batch_size=4, worker_count=0,
+                                 eval_clips=8),
+        optim=dataclasses.replace(cfg.optim, lr=3e-3, warmup_steps=10),
+        ckpt=dataclasses.replace(cfg.ckpt, every=50),
+        log=dataclasses.replace(cfg.log, every=10))
