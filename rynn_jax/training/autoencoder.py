@@ -532,18 +532,25 @@ def restore(cfg: AutoencoderTrainConfig) -> TrainState:
     return restored
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    p = errors.ArgumentParser(prog="python -m rynn_jax.training.autoencoder", description=__doc__)
+def export_cli(prog: str, doc: str, config_cls: type, recipe: str, argv: Sequence[str] | None):
+    """The `export` command line of the clip trainers (this module and training/decoder.py):
+    (arguments, the recipe with its overrides), logging set up."""
+    p = errors.ArgumentParser(prog=prog, description=doc)
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="export the newest checkpoint of a run (EMA if kept) and evaluate it")
-    e.add_argument("--config", required=True, help="the run's recipe (configs/synthetic_ae.py)")
+    e.add_argument("--config", required=True, help=f"the run's recipe ({recipe})")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    e.add_argument("--out", required=True, help="VAE directory to write")
+    e.add_argument("--out", required=True, help="directory to write")
     e.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("rynn_jax").setLevel(logging.INFO)
-    cfg = config_lib.apply_overrides(config_lib.load_config(a.config, (AutoencoderTrainConfig,)), a.set)
+    return a, config_lib.apply_overrides(config_lib.load_config(a.config, (config_cls,)), a.set)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    a, cfg = export_cli("python -m rynn_jax.training.autoencoder", __doc__, AutoencoderTrainConfig,
+                        "configs/synthetic_ae.py", argv)
     state = restore(cfg)
     summary = export(cfg, final_params(state, use_ema=not a.raw), a.out)
     print(json.dumps({"step": int(state.step), **{k: v for k, v in summary.items() if not k.startswith("latents")}},

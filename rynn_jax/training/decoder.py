@@ -50,7 +50,6 @@ from rynn_jax.models.vae import WanVAE
 from rynn_jax.serving import codecs
 from rynn_jax.training import autoencoder as ae
 from rynn_jax.training import checkpointing, optim
-from rynn_jax.training import config as config_lib
 from rynn_jax.training.autoencoder import SIM_VIDEOS, AutoencoderDataConfig, Item
 from rynn_jax.training.config import CheckpointConfig, LogConfig, OptimConfig
 from rynn_jax.training.state import TrainState
@@ -383,17 +382,8 @@ def restore(cfg: DecoderTrainConfig) -> tuple[Parts, TrainState, WanVAE]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = errors.ArgumentParser(prog="python -m rynn_jax.training.decoder", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="export the newest checkpoint of a run (EMA if kept) and evaluate it")
-    e.add_argument("--config", required=True, help="the run's recipe (configs/synthetic_decoder.py:tae or :vae)")
-    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    e.add_argument("--out", required=True, help="directory to write")
-    e.add_argument("--raw", action="store_true", help="export the raw (not EMA) weights")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("rynn_jax").setLevel(logging.INFO)
-    cfg = config_lib.apply_overrides(config_lib.load_config(a.config, (DecoderTrainConfig,)), a.set)
+    a, cfg = ae.export_cli("python -m rynn_jax.training.decoder", __doc__, DecoderTrainConfig,
+                           "configs/synthetic_decoder.py:tae or :vae", argv)
     parts, state, vae = restore(cfg)
     summary = export(cfg, parts, ae.final_params(state, use_ema=not a.raw), state.frozen, a.out, vae)
     print(json.dumps({"step": int(state.step), **summary}, indent=1))
