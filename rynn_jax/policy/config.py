@@ -20,8 +20,9 @@ Encoder = Literal["world4d", "world4d_rgb", "cnn"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BackboneConfig:
     """The frozen RynnWorld-4D feature pass (encoders world4d / world4d_rgb)."""
-    dit: str = ""  # converted WanDiT4D directory; "tiny" = the toy model with random weights (tests)
-    vae: str = ""  # VAE directory (rynn_jax.converted_weights layout); "tiny" = the toy VAE, random weights
+    dit: str = ""  # converted WanDiT4D directory; "tiny" = the toy model with random weights (tests);
+    # "random" = SPEC size, random bf16 weights, only the blocks the feature pass runs (latency)
+    vae: str = ""  # VAE directory (rynn_jax.converted_weights layout); "tiny" / "random" as for dit
     layer: int = 15  # block whose output is the feature (0-based); later blocks are not run
     timestep: float = 500.0  # model timestep of frames 1.. (≈ σ 0.5); frame 0 (the observation) at 0
     latent_frames: int = 21  # latent frames the backbone sees: frame 0 observed, the rest noise

@@ -61,8 +61,22 @@ def load_dit4d(path: str):
     return dit4d_from_params(cfg, converted_weights.restore_params(path, abstract))
 
 
+RANDOM = "random"  # backbone.dit / backbone.vae: SPEC-size random weights (latency without a checkpoint)
+
+
+def random_backbone(layer: int, seed: int = 1):
+    """The full-size 4D model's first `layer` + 1 blocks (all the feature pass runs; JA at 0, 3, …
+    as the release has it) with random bf16 weights."""
+    from rynn_jax.models.dit import WanDiTConfig
+    from rynn_jax.models.dit4d import WanDiT4DConfig, init_dit4d
+
+    base = WanDiTConfig.ti2v_5b(eps=1e-5, dtype="bfloat16", param_dtype="bfloat16", num_layers=layer + 1)
+    return init_dit4d(WanDiT4DConfig.full(base=base, joint_layers=tuple(range(0, layer + 1, 3))), seed=seed)
+
+
 class World4DFeatures:
-    """Frozen RynnWorld-4D block features (the "tiny" names build random toy weights for tests)."""
+    """Frozen RynnWorld-4D block features ("tiny" builds random toy weights for tests, "random"
+    random SPEC-size ones for latency benches)."""
 
     def __init__(self, cfg: PolicyConfig):
         from rynn_jax.models import vae as vae_lib
@@ -71,12 +85,16 @@ class World4DFeatures:
         self.cfg = cfg
         bb = cfg.backbone
         for name, value in (("backbone.dit", bb.dit), ("backbone.vae", bb.vae)):
-            if value != "tiny" and not os.path.isdir(value):
-                raise FileNotFoundError(f"{name} {value!r}: no such directory (or 'tiny' for toy random weights)")
-        dit = init_dit4d(WanDiT4DConfig.tiny(), seed=1) if bb.dit == "tiny" else load_dit4d(bb.dit)
+            if value not in ("tiny", RANDOM) and not os.path.isdir(value):
+                raise FileNotFoundError(f"{name} {value!r}: no such directory (or 'tiny' / 'random' for toy / "
+                                        "SPEC-size random weights)")
+        dit = (init_dit4d(WanDiT4DConfig.tiny(), seed=1) if bb.dit == "tiny" else
+               random_backbone(bb.layer) if bb.dit == RANDOM else load_dit4d(bb.dit))
         z = dit.cfg.in_channels
         if bb.vae == "tiny":
             vae = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny(z_dim=z, latents_mean=(0.0,) * z, latents_std=(1.0,) * z), 2)
+        elif bb.vae == RANDOM:
+            vae = vae_lib.init_vae(vae_lib.WanVAEConfig(dtype="bfloat16", param_dtype="bfloat16"), 2)
         else:
             from rynn_jax.models.vae_weights import load_vae
             vae = load_vae(bb.vae)

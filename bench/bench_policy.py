@@ -1,0 +1,108 @@
+"""Latency of one policy control step (observation → a chunk of 10 × 54 joint targets), the
+jitted `LoadedPolicy.predict` the closed loop calls, on the default device:
+
+    python bench/bench_policy.py --size full --out bench/results/policy_h200.json     # one H200
+    python bench/bench_policy.py --size cnn tiny --out bench/results/policy_cpu.json   # CPU
+
+Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at t = 500, random
+bf16 weights: `backbone.dit/vae = "random"`; the Wan2.2 VAE encodes the observation), the Flow
+Former and the head's 4 Euler steps; `rgb` the same with the RGB-branch features only; `cnn` the
+from-scratch CNN policy at SPEC size; `tiny` the toy 4D policy of the tests. Batch 1 (one robot).
+Per size: the whole step, and the vision encoder alone (for the 4D sizes: VAE + feature pass),
+medians over `--iters` calls after a warm-up (compile excluded). The paper: 1,106 ms per chunk on
+an RTX 5090 in FP8; the goal is ≥ 5 chunks/s on one H200 at full size.
+
+Checks: the chunk has shape (1, 10, 54) and is finite; the same key gives the same chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import Checks, time_ms, write_json  # noqa: E402
+
+SIZES = ("full", "rgb", "cnn", "tiny")
+
+
+def policy_config(size: str):
+    from rynn_jax.policy.config import BackboneConfig, PolicyConfig
+
+    if size in ("full", "rgb"):
+        return PolicyConfig.full("world4d" if size == "full" else "world4d_rgb",
+                                 backbone=BackboneConfig(dit="random", vae="random"))
+    if size == "cnn":
+        return PolicyConfig.full("cnn")
+    return PolicyConfig.tiny("world4d")
+
+
+def bench(size: str, iters: int, checks: Checks) -> dict:
+    import jax
+
+    from rynn_jax.policy import inference, model
+    from rynn_jax.policy.normalize import ActionNormalizer
+
+    cfg = policy_config(size)
+    t0 = time.perf_counter()
+    pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
+    build_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    h, w = cfg.image_size
+    rgb = rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8)
+    depth = rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8)
+    state = rng.standard_normal((1, 54)).astype(np.float32)
+    goal = rng.standard_normal((1, cfg.head.goal_len, cfg.head.goal_dim)).astype(np.float32)
+    key = jax.random.key(0)
+
+    t0 = time.perf_counter()
+    chunk = pol.predict(rgb, depth, state, goal, key)
+    compile_s = time.perf_counter() - t0
+    checks.finite(f"{size}: chunk", chunk)
+    checks.rows.append(dict(check=f"{size}: chunk shape (1, {cfg.head.chunk}, {cfg.head.action_dim})",
+                            ok=chunk.shape == (1, cfg.head.chunk, cfg.head.action_dim)))
+    again = pol.predict(rgb, depth, state, goal, key)
+    checks.rows.append(dict(check=f"{size}: same key, same chunk", ok=bool(np.array_equal(chunk, again))))
+
+    step_ms = statistics.median(time_ms(lambda: pol.predict(rgb, depth, state, goal, key), 1, iters))
+    enc = pol.encoder
+    vision = jax.jit(enc.apply)
+    args = (enc.params, jax.numpy.asarray(rgb), jax.numpy.asarray(depth), jax.numpy.asarray(goal), key)
+    vision_ms = statistics.median(time_ms(lambda: jax.block_until_ready(vision(*args)), 1, iters))
+    return {"size": size, "encoder": cfg.encoder, "image_size": [h, w], "trainable_params": model.count_params(cfg),
+            "build_s": round(build_s, 1), "first_call_s": round(compile_s, 1), "step_ms": step_ms,
+            "vision_ms": vision_ms, "head_and_rest_ms": step_ms - vision_ms, "chunks_per_s": 1e3 / step_ms,
+            "actions_per_s": 1e3 / step_ms * cfg.head.chunk}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", nargs="+", choices=SIZES, default=["full"])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    import jax
+
+    checks = Checks()
+    rows = [bench(s, a.iters, checks) for s in a.size]
+    dev = jax.devices()[0]
+    print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")
+    print("| size | encoder | image | trainable params | step ms | vision ms | head + rest ms | chunks/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['size']} | {r['encoder']} | {r['image_size'][0]}×{r['image_size'][1]} | "
+              f"{r['trainable_params'] / 1e6:.1f}M | {r['step_ms']:.1f} | {r['vision_ms']:.1f} | "
+              f"{r['head_and_rest_ms']:.1f} | {r['chunks_per_s']:.2f} |")
+    if a.out:
+        write_json(a.out, {"device": dev.device_kind, "platform": dev.platform, "rows": rows, "checks": checks.rows})
+    checks.exit_if_failed()
+
+
+if __name__ == "__main__":
+    main()
