@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
-# of: heldout data autoencoder autoencoder4d preencode teacher export distill_a distill_b distill_export),
+# of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export),
 # DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
@@ -65,6 +65,19 @@ if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and 
     python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae4d.py" \
       --out weights/synthetic/autoencoder4d >> out/autoencoder4d.log 2>&1
     log "autoencoder4d export rc=$?"; }
+fi
+if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae" (each ≤ DECODER_SECONDS)
+  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  use autoencoder
+  for v in ${DECODERS:-tae}; do
+    timeout --signal=INT --kill-after=120 "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
+      --config "$REPO/configs/synthetic_decoder.py:$v" --set data.worker_count=12 ${DECODER_ARGS:-} > "out/decoder_$v.log" 2>&1
+    log "decoder $v rc=$?"
+    out=weights/synthetic/tiny_decoder; [ "$v" = vae ] && out=weights/synthetic/autoencoder_decoder_tuned
+    [ -f "$out/config.json" ] || [ -f "$out/model.safetensors" ] || {
+      python3 -m rynn_jax.training.decoder export --config "$REPO/configs/synthetic_decoder.py:$v" --out "$out" \
+        >> "out/decoder_$v.log" 2>&1; log "decoder $v export rc=$?"; }
+  done
 fi
 stop_data
 if has preencode; then
