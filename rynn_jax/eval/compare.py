@@ -112,9 +112,10 @@ def compare(runs: dict[str, Path]) -> dict:
     rows: dict[str, dict] = {}  # row label → metric → stats
     curves: dict[str, np.ndarray] = {}
     fvds: dict[str, float] = {}
+    run_feats = {n: _features(d, names) for n, d in runs.items()}  # read once per run
     for n, d in runs.items():
         r = recs[n]
-        feats = _features(d, names)
+        feats = run_feats[n]
         for v in MODEL_VARIANTS:
             if v not in r[names[0]]["variants"]:
                 continue
@@ -128,7 +129,7 @@ def compare(runs: dict[str, Path]) -> dict:
         label = VARIANT_LABELS.get(v, v)
         rows[label] = {m: _stats(_video(r, names, v, m)) for m in METRICS}
         curves[label] = _mean_curve(r, names, v)
-        feats = _features(runs[n], names)
+        feats = run_feats[n]
         if feats is not None and v in feats and "truth" in feats and len(names) >= 2:
             fvds[label] = fvd.fvd_from_features(feats[v], feats["truth"])
     order = list(runs)
