@@ -52,7 +52,8 @@ def test_flow_window_is_white_then_the_flows_into_each_frame(episode, max_px):
 
 def test_whole_episode_window_and_resize(episode):
     d, depth_mm, flow = episode
-    assert gv.geometry_frames(d / "flow.npz") == gv.geometry_frames(d / "depth.npz") == T_EP
+    assert (gv.render_frames(True, gv.read_render(d / "flow.npz"))
+            == gv.render_frames(False, gv.read_render(d / "depth.npz")) == T_EP)
     video, start = _load(d / "flow.npz", T_EP, h=8, w=12)
     assert start == 0 and video.shape == (T_EP, 8, 12, 3)
 
@@ -64,8 +65,8 @@ def test_bad_geometry_files_are_data_errors(episode, tmp_path):
     bad = tmp_path / "flow.npz"
     bad.write_bytes(b"not an npz")
     with pytest.raises(DataError, match="unreadable depth/flow render"):
-        gv.geometry_window(bad, 0, 2, H, W)
+        gv.read_render(bad)
     with pytest.raises(DataError, match="unreadable depth/flow render"):
         _load(bad, 2)
     with pytest.raises(DataError, match="window past the end"):
-        gv.geometry_window(d / "depth.npz", T_EP - 1, 2, H, W)
+        gv.render_window(False, gv.read_render(d / "depth.npz"), T_EP - 1, 2, H, W)

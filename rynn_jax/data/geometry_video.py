@@ -155,65 +155,50 @@ def clip_videos(episode_dir: str | os.PathLike[str], frame_index: np.ndarray, he
     """Depth and flow videos (T, height, width, 3) uint8 of the clip whose RGB frames are the
     episode's frames `frame_index` (consecutive: flow is only defined between neighbouring frames).
     Flow frame 0 is white, flow frame i the flow frame_index[i − 1] → frame_index[i]."""
-    from rynn_jax.data import video as video_lib  # PyAV, only when clips are cut
-
     d = Path(episode_dir)
     idx = np.asarray(frame_index, np.int64)
     if idx.ndim != 1 or len(idx) < 1 or np.any(np.diff(idx) != 1):
         raise DataError(os.fspath(d), "non-consecutive geometry frames",
                         "depth/flow clips need the episode's own frame rate (16 fps)")
-    try:
-        with np.load(d / DEPTH_FILE) as z:
-            depth_mm = z["depth_mm"]
-        with np.load(d / FLOW_FILE) as z:
-            flow = z["flow"]
-    except (OSError, KeyError, ValueError, EOFError) as e:
-        raise DataError(os.fspath(d), "unreadable depth/flow render", str(e)) from e
+    depth_mm, flow = read_render(d / DEPTH_FILE), read_render(d / FLOW_FILE)
     if idx[-1] >= len(depth_mm) or (len(idx) > 1 and idx[-2] >= len(flow)):
         raise DataError(os.fspath(d), "truncated depth/flow render",
                         f"{len(depth_mm)} depth / {len(flow)} flow frames, clip ends at frame {idx[-1]}")
-    depth = depth_to_rgb(depth_mm[idx].astype(np.float32) / 1000.0)
-    white = np.full((1, *depth.shape[1:]), 255, np.uint8)
-    flow_v = np.concatenate([white, flow_to_rgb(flow[idx[:-1]].astype(np.float32), max_px)])
-    if depth.shape[1:3] != (height, width):
-        depth, flow_v = (video_lib.resize_crop(v, width, height) for v in (depth, flow_v))
-    return {"depth": depth, "flow": flow_v}
+    return {name: render_window(name == "flow", arr, int(idx[0]), len(idx), height, width, max_px)
+            for name, arr in (("depth", depth_mm), ("flow", flow))}
 
 
-def geometry_window(path: str | os.PathLike[str], start: int, num_frames: int, height: int, width: int,
-                    max_px: float = FLOW_MAX_PX) -> np.ndarray:
-    """`num_frames` consecutive frames from `start` of an episode's depth.npz or flow.npz as the
-    video the autoencoder sees: (T, height, width, 3) uint8, resized and cropped like the RGB
-    frames. Flow: frame 0 of the window is white, frame i the flow start+i−1 → start+i (the
-    per-clip layout of `clip_videos`)."""
-    from rynn_jax.data import video as video_lib
-
-    path = Path(path)
-    try:
-        with np.load(path) as z:
-            arr = z["depth_mm"] if path.name == DEPTH_FILE else z["flow"]
-    except (OSError, KeyError, ValueError, EOFError) as e:
-        raise DataError(os.fspath(path), "unreadable depth/flow render", str(e)) from e
-    n = geometry_frames(path, arr)
-    if start < 0 or start + num_frames > n:
-        raise DataError(os.fspath(path), "window past the end", f"frames {start}..{start + num_frames - 1} of {n}")
-    if path.name == DEPTH_FILE:
-        video = depth_to_rgb(arr[start:start + num_frames].astype(np.float32) / 1000.0)
-    else:
-        white = np.full((1, *arr.shape[1:3], 3), 255, np.uint8)
-        video = np.concatenate([white, flow_to_rgb(arr[start:start + num_frames - 1].astype(np.float32), max_px)])
-    return video if video.shape[1:3] == (height, width) else video_lib.resize_crop(video, width, height)
-
-
-def geometry_frames(path: str | os.PathLike[str], arr: np.ndarray | None = None) -> int:
-    """Video frames of an episode's depth.npz (its frames) or flow.npz (its flows + 1)."""
+def read_render(path: str | os.PathLike[str]) -> np.ndarray:
+    """An episode's exact depth (depth.npz: depth_mm, (T, H, W)) or flow (flow.npz: flow, (T − 1,
+    H, W, 2)); an unreadable file is a one-line DataError."""
     path = Path(path)
     if path.name not in (DEPTH_FILE, FLOW_FILE):
         raise ValueError(f"{path}: not a {DEPTH_FILE} or {FLOW_FILE}")
-    if arr is None:
-        try:
-            with np.load(path) as z:
-                return len(z["depth_mm"] if path.name == DEPTH_FILE else z["flow"]) + (path.name == FLOW_FILE)
-        except (OSError, KeyError, ValueError, EOFError) as e:
-            raise DataError(os.fspath(path), "unreadable depth/flow render", str(e)) from e
-    return len(arr) + (path.name == FLOW_FILE)
+    try:
+        with np.load(path) as z:
+            return z["depth_mm"] if path.name == DEPTH_FILE else z["flow"]
+    except (OSError, KeyError, ValueError, EOFError) as e:
+        raise DataError(os.fspath(path), "unreadable depth/flow render", str(e)) from e
+
+
+def render_frames(is_flow: bool, render: np.ndarray) -> int:
+    """Video frames of a render (`read_render`): its depth frames, or its flows + 1."""
+    return len(render) + is_flow
+
+
+def render_window(is_flow: bool, render: np.ndarray, start: int, num_frames: int, height: int, width: int,
+                  max_px: float = FLOW_MAX_PX) -> np.ndarray:
+    """`num_frames` consecutive frames from `start` of a render (`read_render`) as the video the
+    autoencoder and the 4D model see: (T, height, width, 3) uint8, resized and cropped like the RGB
+    frames. Flow: frame 0 of the window is white, frame i the flow start+i−1 → start+i."""
+    from rynn_jax.data import video as video_lib  # PyAV, only when clips are cut
+
+    n = render_frames(is_flow, render)
+    if start < 0 or start + num_frames > n:
+        raise DataError("depth/flow render", "window past the end", f"frames {start}..{start + num_frames - 1} of {n}")
+    if is_flow:
+        white = np.full((1, *render.shape[1:3], 3), 255, np.uint8)
+        video = np.concatenate([white, flow_to_rgb(render[start:start + num_frames - 1].astype(np.float32), max_px)])
+    else:
+        video = depth_to_rgb(render[start:start + num_frames].astype(np.float32) / 1000.0)
+    return video if video.shape[1:3] == (height, width) else video_lib.resize_crop(video, width, height)

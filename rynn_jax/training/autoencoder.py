@@ -170,13 +170,14 @@ class LoadClip:
 
     def __call__(self, item: Item, rng: np.random.Generator) -> dict[str, np.ndarray]:
         kind, path = item
-        geometry = path.endswith(".npz")
-        n = geometry_video.geometry_frames(path) if geometry else video_lib.probe_video(path).num_frames
+        render = geometry_video.read_render(path) if path.endswith(".npz") else None  # read once
+        is_flow = path.endswith(geometry_video.FLOW_FILE)
+        n = video_lib.probe_video(path).num_frames if render is None else geometry_video.render_frames(is_flow, render)
         if n < self.t:
             raise DataError(path, "too short", f"{n} frames < data.num_frames {self.t}")
         start = int(rng.integers(0, n - self.t + 1))
-        if geometry:
-            frames = geometry_video.geometry_window(path, start, self.t, self.h, self.w, self.max_px)
+        if render is not None:
+            frames = geometry_video.render_window(is_flow, render, start, self.t, self.h, self.w, self.max_px)
         else:
             frames = video_lib.read_frames(path, range(start, start + self.t), self.w, self.h)
         return {"video": frames, "kind": np.int32(kind)}
