@@ -51,17 +51,22 @@ def _episode_video(rng: np.random.Generator, n: int, h: int, w: int, skeleton: b
     return np.clip(frames, 0, 255).astype(np.uint8)
 
 
-@pytest.fixture(scope="module")
-def episodes(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("sim")
+def write_toy_episodes(root, videos: tuple[tuple[str, bool], ...], h: int = 32, w: int = 48) -> str:
+    """3 training and 1 held-out toy episodes under `root`, each with `videos` ((file, skeleton?))."""
     rng = np.random.default_rng(0)
     for split, n in (("train", 3), ("heldout", 1)):
         for k in range(n):
             d = root / split / "task" / f"episode_{k:06d}"
             d.mkdir(parents=True)
-            for name, skeleton in (("observation.images.head.mp4", False), ("skeleton.mp4", True)):
-                video_lib.write_video(d / name, _episode_video(rng, 16, 32, 48, skeleton), 16.0)
+            for name, skeleton in videos:
+                video_lib.write_video(d / name, _episode_video(rng, 16, h, w, skeleton), 16.0)
     return str(root)
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory) -> str:
+    return write_toy_episodes(tmp_path_factory.mktemp("sim"),
+                              (("observation.images.head.mp4", False), ("skeleton.mp4", True)))
 
 
 def _overrides(episodes: str, run_dir: str) -> list[str]:

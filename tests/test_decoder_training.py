@@ -24,7 +24,6 @@ import pytest
 from flax import nnx
 
 from rynn_jax import converted_weights, errors
-from rynn_jax.data import video as video_lib
 from rynn_jax.models import tae as tae_lib
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.tae import TAEConfig
@@ -36,7 +35,7 @@ from rynn_jax.training import config as config_lib
 from rynn_jax.training import decoder as dec
 from rynn_jax.training import optim
 from tests._train_run import ROOT, logged_losses, run_train
-from tests.test_autoencoder import _episode_video
+from tests.test_autoencoder import write_toy_episodes
 
 TINY = os.path.join(ROOT, "configs", "synthetic_decoder_tiny.py")
 STEPS, KILL_AT = 24, 17
@@ -45,14 +44,7 @@ H, W, Z = 32, 48, 32
 
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("sim")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 3), ("heldout", 1)):
-        for k in range(n):
-            d = root / split / "task" / f"episode_{k:06d}"
-            d.mkdir(parents=True)
-            video_lib.write_video(d / "observation.images.head.mp4", _episode_video(rng, 16, H, W, False), 16.0)
-    return str(root)
+    return write_toy_episodes(tmp_path_factory.mktemp("sim"), (("observation.images.head.mp4", False),), H, W)
 
 
 @pytest.fixture(scope="module")
