@@ -520,15 +520,20 @@ def run_steps(cfg, state: TrainState, step_fn, data_iter: grain.DatasetIterator,
 
 def restore(cfg: AutoencoderTrainConfig) -> TrainState:
     """The newest readable training state under cfg.ckpt.dir (for export)."""
-    if not cfg.ckpt.dir:
-        raise ValueError("set ckpt.dir to the training run to export")
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
-    abstract = jax.eval_shape(lambda: init_state(cfg, tx)[1])
-    ckpt = checkpointing.Checkpointer(cfg.ckpt)
+    return restore_newest(cfg.ckpt, jax.eval_shape(lambda: init_state(cfg, tx)[1]))
+
+
+def restore_newest(ckpt_cfg: CheckpointConfig, abstract: TrainState) -> TrainState:
+    """The newest readable checkpoint of a clip trainer's run (this module, training/decoder.py)
+    into `abstract`'s structure, for export; a missing run is a one-line error."""
+    if not ckpt_cfg.dir:
+        raise errors.UsageError("set ckpt.dir to the training run to export")
+    ckpt = checkpointing.Checkpointer(ckpt_cfg)
     restored = ckpt.restore_latest(abstract, None)
     ckpt.close()
     if restored is None:
-        raise errors.InputError(f"ckpt.dir {cfg.ckpt.dir}: no checkpoint to export (train first, or point "
+        raise errors.InputError(f"ckpt.dir {ckpt_cfg.dir}: no checkpoint to export (train first, or point "
                                 "--set ckpt.dir=... at the run)")
     return restored
 

@@ -49,7 +49,7 @@ from rynn_jax.models.tae import TAEConfig, TinyAutoencoder
 from rynn_jax.models.vae import WanVAE
 from rynn_jax.serving import codecs
 from rynn_jax.training import autoencoder as ae
-from rynn_jax.training import checkpointing, optim
+from rynn_jax.training import optim
 from rynn_jax.training.autoencoder import SIM_VIDEOS, AutoencoderDataConfig, Item
 from rynn_jax.training.config import CheckpointConfig, LogConfig, OptimConfig
 from rynn_jax.training.state import TrainState
@@ -368,17 +368,10 @@ def train(cfg: DecoderTrainConfig) -> list[float]:
 def restore(cfg: DecoderTrainConfig) -> tuple[Parts, TrainState, WanVAE]:
     """The newest readable training state under cfg.ckpt.dir (for export), with its parts and the
     autoencoder of ckpt.init_from."""
-    if not cfg.ckpt.dir:
-        raise errors.UsageError("set ckpt.dir to the training run to export")
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
     parts, fresh, vae = init_state(cfg, tx)
-    ckpt = checkpointing.Checkpointer(cfg.ckpt)
-    restored = ckpt.restore_latest(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fresh), None)
-    ckpt.close()
-    if restored is None:
-        raise errors.InputError(f"ckpt.dir {cfg.ckpt.dir}: no checkpoint to export (train first, or point "
-                                "--set ckpt.dir=... at the run)")
-    return parts, restored, vae
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fresh)
+    return parts, ae.restore_newest(cfg.ckpt, abstract), vae
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
