@@ -27,7 +27,7 @@ TEXT_DIM, TEXT_LEN = 64, 4  # hashed per-task prompt embeddings (python -m rynn_
 # stayed ≈ 23 dB on held-out video after its first 1k steps, capping any teacher below that.
 LATENT_CHANNELS = 32
 
-# Where the recipe puts things, relative to the working directory (recipes/synthetic.sh).
+# Where the recipe puts things, relative to the working directory (scripts/synthetic_world_model.sh).
 DATA_TRAIN = "data/synthetic/train"
 DATA_HELDOUT = "data/synthetic/heldout"
 TEXT_EMBEDDINGS = "data/synthetic/text_embeddings"
