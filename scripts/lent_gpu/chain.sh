@@ -132,7 +132,7 @@ if has policy; then
            --set "export_dir=$run/export")
     timeout --signal=INT --kill-after=120 "${POLICY_SECONDS:-600}" \
       python3 -m rynn_jax.policy.train --config "$(pol_config "$r")" "${args[@]}" ${POLICY_ARGS:-} > "out/policy_$n.log" 2>&1
-    log "policy $n rc=$? (SIGINT at ${POLICY_SECONDS:-600} s saves, then exports)"
+    log "policy $n rc=$? (124: stopped at ${POLICY_SECONDS:-600} s by SIGINT, which saves and exports)"
     step=$(ls "$run/ckpt" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)
     if [ ! -f "$run/export/config.json" ] && [ -n "$step" ]; then  # killed before its export: resume the
       # newest checkpoint with total_steps = its step, so no step runs and the run only exports
