@@ -15,8 +15,9 @@
 # configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS,
 # into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and 8 % hold;
 # POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need, skipped without them;
-# POLICY_ARGS), policy_eval (POLICY_TRIALS held-out trials per task, seeds 100000 +, in
-# POLICY_EVAL_WORKERS processes; one table, out/policy/success.md).
+# POLICY_CACHE: episodes kept decoded, default all; POLICY_ARGS), policy_eval (POLICY_TRIALS
+# held-out trials per task, seeds 100000 +, in POLICY_EVAL_WORKERS processes; one table,
+# out/policy/success.md).
 set -u
 REPO=$(pwd); S=$REPO/scripts/synthetic_world_model.sh
 export WORKDIR=${WORKDIR:-/tmp/work} PYTHONPATH=$REPO:${PYTHONPATH:-}
@@ -128,8 +129,13 @@ if has policy; then
     fi
     [ -z "${POLICY_STEPS:-}" ] || args+=(--set "total_steps=$POLICY_STEPS" --set "optim.warmup_steps=$((POLICY_STEPS / 50))"
                                          --set "optim.hold_steps=$((POLICY_STEPS * 2 / 25))")
-    args+=(--set "data.train_dirs=('data/sim/*/episode_*',)" --set "ckpt.dir=$run/ckpt" --set "log.dir=$run/logs"
-           --set "export_dir=$run/export")
+    # Every episode decoded once and kept: a sample of an uncached episode decodes all its frames
+    # (≈ 0.7 s at 240 × 320), so a cache smaller than the data set makes each step wait on ~batch
+    # decodes. Kept frames: 52 MB an episode at 240 × 320 (cnn), 208 MB at 480 × 640 (world4d: ≤ 300).
+    cache=${POLICY_CACHE:-$(ls -d data/sim/*/episode_?????? 2>/dev/null | wc -l)}
+    [[ $n == *world4d* ]] && [ -z "${POLICY_CACHE:-}" ] && [ "$cache" -gt 300 ] && cache=300
+    args+=(--set "data.train_dirs=('data/sim/*/episode_*',)" --set "data.cache_episodes=$cache" --set "ckpt.dir=$run/ckpt"
+           --set "log.dir=$run/logs" --set "export_dir=$run/export")
     timeout --signal=INT --kill-after=120 "${POLICY_SECONDS:-600}" \
       python3 -m rynn_jax.policy.train --config "$(pol_config "$r")" "${args[@]}" ${POLICY_ARGS:-} > "out/policy_$n.log" 2>&1
     log "policy $n rc=$? (124: stopped at ${POLICY_SECONDS:-600} s by SIGINT, which saves and exports)"
