@@ -10,6 +10,14 @@
 # "--set optim.lr=3e-4"). Pre-encoding without an autoencoder stage and distillation without a
 # teacher stage use the committed ones (init/). A distillation lease is
 # STAGES="data preencode distill_a distill_b distill_export".
+# Policy stages (docs/POLICY.md; they run last): policy_data (scripted episodes, attempt seeds 0, 1, …,
+# into data/sim: POLICY_EPISODES per task, POLICY_TASKS, POLICY_RESOLUTION), policy (POLICIES:
+# configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS,
+# into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and 8 % hold;
+# POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need, skipped without them;
+# POLICY_CACHE: episodes kept decoded, default all; POLICY_ARGS), policy_eval (POLICY_TRIALS
+# held-out trials per task, seeds 100000 +, in POLICY_EVAL_WORKERS processes; one table,
+# out/policy/success.md).
 set -u
 REPO=$(pwd); S=$REPO/scripts/synthetic_world_model.sh
 export WORKDIR=${WORKDIR:-/tmp/work} PYTHONPATH=$REPO:${PYTHONPATH:-}
@@ -99,4 +107,56 @@ has distill_a && { DISTILL_A_SECONDS=${DISTILL_A_SECONDS:-480} $S distill_a > ou
 [ -z "${STUDENT_INIT:-}" ] || ! has distill_b || need "$STUDENT_INIT"
 has distill_b && { DISTILL_B_SECONDS=${DISTILL_B_SECONDS:-600} $S distill_b > out/distill_b.log 2>&1; log "distill B rc=$?"; }
 has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "distill export rc=$?"; }
+pol_name() {  # cnn → cnn; configs/policy_cnn_cpu.py → cnn_cpu; configs/policy.py:world4d → world4d
+  local f=${1%%:*} a=; [[ $1 == *:* ]] && a=${1#*:}
+  [[ $f == *.py ]] || { echo "$1"; return; }
+  f=$(basename "$f" .py); f=${f#policy}; f=${f#_}
+  echo "$f${f:+${a:+_}}$a"
+}
+pol_config() { case $1 in /*) echo "$1" ;; *.py|*.py:*) echo "$REPO/$1" ;; *) echo "$REPO/configs/policy.py:$1" ;; esac; }
+PRES=${POLICY_RESOLUTION:-96x160} PTASKS=${POLICY_TASKS:-all}
+if has policy_data; then  # synchronous: the trainer reads action_stats.json, written when generation ends
+  python3 -m rynn_jax.sim.cli generate --task "$PTASKS" --n "${POLICY_EPISODES:-200}" --out data/sim \
+    --workers "${DATA_WORKERS:-14}" --resolution "$PRES" --compile-cache cache/sim_xla > out/policy_data.log 2>&1
+  log "policy_data rc=$?: $(ls -d data/sim/*/episode_?????? 2>/dev/null | wc -l) episodes"
+fi
+if has policy; then
+  for r in ${POLICIES:-cnn}; do
+    n=$(pol_name "$r"); run=runs/policy_$n; args=()
+    if [[ $n == *world4d* ]]; then
+      [ -n "${POLICY_DIT:-}" ] && [ -n "${POLICY_VAE:-}" ] || { log "policy $n skipped: POLICY_DIT / POLICY_VAE unset"; continue; }
+      args+=(--set "policy.backbone.dit=$POLICY_DIT" --set "policy.backbone.vae=$POLICY_VAE")
+    fi
+    [ -z "${POLICY_STEPS:-}" ] || args+=(--set "total_steps=$POLICY_STEPS" --set "optim.warmup_steps=$((POLICY_STEPS / 50))"
+                                         --set "optim.hold_steps=$((POLICY_STEPS * 2 / 25))")
+    # Every episode decoded once and kept: a sample of an uncached episode decodes all its frames
+    # (≈ 0.7 s at 240 × 320), so a cache smaller than the data set makes each step wait on ~batch
+    # decodes. Kept frames: 52 MB an episode at 240 × 320 (cnn), 208 MB at 480 × 640 (world4d: ≤ 300).
+    cache=${POLICY_CACHE:-$(ls -d data/sim/*/episode_?????? 2>/dev/null | wc -l)}
+    [[ $n == *world4d* ]] && [ -z "${POLICY_CACHE:-}" ] && [ "$cache" -gt 300 ] && cache=300
+    args+=(--set "data.train_dirs=('data/sim/*/episode_*',)" --set "data.cache_episodes=$cache" --set "ckpt.dir=$run/ckpt"
+           --set "log.dir=$run/logs" --set "export_dir=$run/export")
+    timeout --signal=INT --kill-after=120 "${POLICY_SECONDS:-600}" \
+      python3 -m rynn_jax.policy.train --config "$(pol_config "$r")" "${args[@]}" ${POLICY_ARGS:-} > "out/policy_$n.log" 2>&1
+    log "policy $n rc=$? (124: stopped at ${POLICY_SECONDS:-600} s by SIGINT, which saves and exports)"
+    step=$(ls "$run/ckpt" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)
+    if [ ! -f "$run/export/config.json" ] && [ -n "$step" ]; then  # killed before its export: resume the
+      # newest checkpoint with total_steps = its step, so no step runs and the run only exports
+      python3 -m rynn_jax.policy.train --config "$(pol_config "$r")" "${args[@]}" ${POLICY_ARGS:-} \
+        --set "total_steps=$step" >> "out/policy_$n.log" 2>&1
+      log "policy $n export of step $step rc=$?"
+    fi
+    [ -f "$run/export/config.json" ] && log "policy $n: $run/export ($(du -sm "$run/export" | cut -f1) MB)" ||
+      log "policy $n: NO EXPORT (no checkpoint was saved; see out/policy_$n.log)"
+  done
+fi
+if has policy_eval; then  # videos and 6-frame strips per trial; pack.sh brings back all but the videos
+  for r in ${POLICIES:-cnn}; do
+    n=$(pol_name "$r"); exp=runs/policy_$n/export
+    [ -f "$exp/config.json" ] || { log "policy_eval $n skipped: no $exp"; continue; }
+    python3 "$REPO/serve.py" policy --task "$PTASKS" --episodes "${POLICY_TRIALS:-35}" --policy "$exp" --name "$n" \
+      --resolution "$PRES" --workers "${POLICY_EVAL_WORKERS:-14}" --out out/policy > "out/policy_eval_$n.log" 2>&1
+    log "policy_eval $n rc=$? $(grep "^| $n |" out/policy/success.md 2>/dev/null)"
+  done
+fi
 log ALLDONE

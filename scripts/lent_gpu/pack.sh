@@ -6,11 +6,29 @@
 #   weights.tar.* weights/synthetic/<net> for each network this lease changed: the chain's exports once
 #                 it has ended; before that, when a training run has a checkpoint newer than the last
 #                 packed one, its EMA exported to interim/ (teacher, distilled student), with the
-#                 autoencoder as its stage left it.
+#                 autoencoder as its stage left it;
+#   policy.tar.*  out/policy without the videos (success table, trials.jsonl, 6-frame strips), whenever
+#                 its table has changed;
+#   policy_weights.tar.* each policy export (runs/policy_<name>/export) of ≤ POLICY_PACK_MB (default 32)
+#                 once finished (the SPEC-size CNN's, ≈ 170 MB in float32, stays on the machine).
 cd "${WORKDIR:-/tmp/work}" || exit 1
 REPO=${REPO:-/tmp/repo}
 export PYTHONPATH=/tmp/site:$REPO XLA_PYTHON_CLIENT_PREALLOCATE=false
-tar czf "$OUT/logs.tgz" out runs/synthetic/*/logs data/synthetic/*/summary.json 2>/dev/null
+tar czf "$OUT/logs.tgz" --exclude=out/policy out runs/synthetic/*/logs runs/policy_*/logs data/synthetic/*/summary.json \
+  data/sim/summary.json 2>/dev/null
+if [ out/policy/success.json -nt .policy_packed ]; then
+  touch .policy_packed && tar cf /tmp/policy.tar --exclude='*.mp4' out/policy &&
+    split -b 15M -d /tmp/policy.tar "$OUT/policy.tar." && echo "packed out/policy: $(du -sh /tmp/policy.tar | cut -f1)"
+fi
+pols=()
+for d in runs/policy_*/export; do
+  n=${d%/export}; n=${n#runs/}  # complete once chain.sh has logged its size
+  grep -q "${n#policy_}: $d (" out/chain.log 2>/dev/null && [ ! -e ".packed_$n" ] || continue
+  [ "$(du -sm "$d" | cut -f1)" -le "${POLICY_PACK_MB:-32}" ] && pols+=("$d") && touch ".packed_$n" ||
+    { echo "$d: $(du -sm "$d" | cut -f1) MB, over POLICY_PACK_MB: left on the machine"; touch ".packed_$n"; }
+done
+[ ${#pols[@]} -eq 0 ] || { tar cf /tmp/policy_weights.tar "${pols[@]}" &&
+  split -b 15M -d /tmp/policy_weights.tar "$OUT/policy_weights.tar." && echo "packed ${pols[*]}"; }
 if [ -z "${NO_HELDOUT:-}" ] && [ ! -e .heldout_packed ] && grep -q "held-out:" out/chain.log 2>/dev/null; then
   (cd data/synthetic/heldout && tar cf /tmp/heldout.tar --exclude=depth.npz --exclude=flow.npz \
      --exclude=operator_stream.npz --exclude='*.tmp' .) &&

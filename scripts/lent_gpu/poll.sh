@@ -9,6 +9,7 @@ if [ "${1:-}" != --now ]; then
 fi
 cat "$WORKDIR/out/chain.log"
 for f in "$WORKDIR"/out/*.log; do [ "$f" = "$WORKDIR/out/chain.log" ] || { echo "== $f"; tail -c "${TAILC:-600}" "$f"; echo; }; done
+[ -f "$WORKDIR/out/policy/success.md" ] && cat "$WORKDIR/out/policy/success.md"
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 [ "${1:-}" = --now ] && exit 0
 bash /tmp/repo/scripts/lent_gpu/pack.sh
