@@ -2,12 +2,13 @@
 jitted `LoadedPolicy.predict` the closed loop calls, on the default device:
 
     python bench/bench_policy.py --size full --out bench/results/policy_h200.json     # one H200
-    python bench/bench_policy.py --size cnn tiny --out bench/results/policy_cpu.json   # CPU
+    python bench/bench_policy.py --size cnn cnn_cpu tiny --out bench/results/policy_cpu.json   # CPU
 
 Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at t = 500, random
 bf16 weights: `backbone.dit/vae = "random"`; the Wan2.2 VAE encodes the observation), the Flow
 Former and the head's 4 Euler steps; `rgb` the same with the RGB-branch features only; `cnn` the
-from-scratch CNN policy at SPEC size; `tiny` the toy 4D policy of the tests. Batch 1 (one robot).
+from-scratch CNN policy at SPEC size; `cnn_cpu` the CNN recipe trained on the CPU
+(configs/policy_cnn_cpu.py); `tiny` the toy 4D policy of the tests. Batch 1 (one robot).
 Per size: the whole step, and the vision encoder alone (for the 4D sizes: VAE + feature pass),
 medians over `--iters` calls after a warm-up (compile excluded). The paper: 1,106 ms per chunk on
 an RTX 5090 in FP8; the goal is ≥ 5 chunks/s on one H200 at full size.
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, time_ms, write_json  # noqa: E402
 
-SIZES = ("full", "rgb", "cnn", "tiny")
+SIZES = ("full", "rgb", "cnn", "cnn_cpu", "tiny")
 
 
 def policy_config(size: str):
@@ -40,6 +41,12 @@ def policy_config(size: str):
                                  backbone=BackboneConfig(dit="random", vae="random"))
     if size == "cnn":
         return PolicyConfig.full("cnn")
+    if size == "cnn_cpu":  # the recipe the project's CPU trains: its policy config, read from the recipe
+        from rynn_jax.policy.train import PolicyTrainConfig
+        from rynn_jax.training.config import run_recipe
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return run_recipe(os.path.join(root, "configs", "policy_cnn_cpu.py"), PolicyTrainConfig).policy
     return PolicyConfig.tiny("world4d")
 
 
