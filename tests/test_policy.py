@@ -204,3 +204,22 @@ def test_parallel_trials_equal_sequential(tmp_path):
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     assert [r["seed"] for r in two] == [100_000, 100_001, 100_002]
     assert one == two
+
+
+def test_receding_horizon_observes_every_execute_frames():
+    """`execute=K` runs K actions of each chunk, then observes again: the actor is asked at frames
+    0, K, 2K, …; the scripted actor (its actions fixed in advance) still succeeds."""
+    from rynn_jax.policy import rollout
+
+    class Recording(rollout.ScriptedActor):
+        def act(self, rgb_hw3, depth_hw, state, frame):
+            self.asked.append(frame)
+            return super().act(rgb_hw3, depth_hw, state, frame)
+
+    actor = Recording()
+    actor.asked = []
+    r = rollout.run_trial(actor, "push_block", 100_000, resolution=(64, 112), time_limit_s=8.0, execute=4)
+    assert r["success"] and r["frames"] % 4 == 0
+    assert actor.asked == list(range(0, r["frames"], 4))
+    with pytest.raises(ValueError, match="execute 11"):
+        rollout.run_trial(actor, "push_block", 100_000, resolution=(64, 112), time_limit_s=1.0, execute=11)

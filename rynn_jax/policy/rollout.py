@@ -118,12 +118,16 @@ def succeeded(scene: scenes.Scene, d: mujoco.MjData, robot) -> tuple[bool, dict]
     return bool(ok and not held), {"goal": measured, "goal_reached": ok, "held": held}
 
 
-def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int], time_limit_s: float
-              ) -> dict:
+def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int], time_limit_s: float,
+              execute: int = 0) -> dict:
     """One closed-loop trial; returns the verdict, timings, the video frames and the final
-    simulation (`sim`: scene, data, robot)."""
+    simulation (`sim`: scene, data, robot). `execute`: actions of each predicted chunk run before
+    the next observation (0 = the whole chunk, as the paper; fewer = a receding horizon)."""
     from rynn_jax.sim import episode
 
+    execute = execute or actor.chunk
+    if not 1 <= execute <= actor.chunk:
+        raise ValueError(f"execute {execute}: need 1 … {actor.chunk} (the actor's chunk)")
     h, w = resolution
     scene = scenes.build(task, seed, width=w, height=h, shadows=min(h, w) > 64)
     d = episode.settle(scene)
@@ -144,7 +148,7 @@ def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int]
             t_act += time.perf_counter() - t1
             if chunk.shape != (actor.chunk, robot.n) or not np.isfinite(chunk).all():
                 raise ValueError(f"{actor.name}: chunk of shape {chunk.shape} (finite: {np.isfinite(chunk).all()})")
-            for target in chunk[:limit - k]:
+            for target in chunk[:min(execute, limit - k)]:
                 robot.advance(command, target, k)
                 command, k = target, k + 1
                 mujoco.mj_forward(scene.model, d)
@@ -157,7 +161,7 @@ def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int]
     finally:
         camera.close()
     return {"task": task, "seed": seed, "success": ok, "frames": k, "seconds_simulated": round(k / episode.FPS, 3),
-            "act_s_per_chunk": round(t_act / max(1, -(-k // actor.chunk)), 4),
+            "act_s_per_chunk": round(t_act / max(1, -(-k // execute)), 4),
             "wall_s": round(time.perf_counter() - t0, 2), **verdict, "video": np.stack(frames),
             "sim": (scene, d, robot)}
 
@@ -228,8 +232,8 @@ def _trial(job: tuple) -> dict:
     from rynn_jax.render.preview import save_png, save_video
     from rynn_jax.sim.episode import FPS
 
-    task, seed, resolution, time_limit_s, video_dir = job
-    r = run_trial(_WORKER_ACTOR, task, seed, resolution=resolution, time_limit_s=time_limit_s)
+    task, seed, resolution, time_limit_s, execute, video_dir = job
+    r = run_trial(_WORKER_ACTOR, task, seed, resolution=resolution, time_limit_s=time_limit_s, execute=execute)
     video, _ = r.pop("video"), r.pop("sim")
     if video_dir:
         save_video(Path(video_dir) / f"trial_{seed}.mp4", video, fps=int(FPS))
@@ -239,7 +243,7 @@ def _trial(job: tuple) -> dict:
 
 def evaluate(spec: ActorSpec, tasks: list[str], episodes: int, out: str | os.PathLike[str], *, seed: int = 100_000,
              resolution: tuple[int, int] = (64, 112), time_limit_s: float = 10.0, videos: bool = True,
-             workers: int = 1) -> dict:
+             workers: int = 1, execute: int = 0) -> dict:
     """`episodes` trials per task on seeds seed, seed + 1, …; returns the success table. `workers`
     > 1 runs trials in that many processes (spawned, each with its own actor; trials are
     independent, so the records are the same as in one process)."""
@@ -256,7 +260,8 @@ def evaluate(spec: ActorSpec, tasks: list[str], episodes: int, out: str | os.Pat
         for task in tasks:
             d = out / spec.label / task
             d.mkdir(parents=True, exist_ok=True)
-            jobs = [(task, seed + i, resolution, time_limit_s, str(d) if videos else "") for i in range(episodes)]
+            jobs = [(task, seed + i, resolution, time_limit_s, execute, str(d) if videos else "")
+                    for i in range(episodes)]
             results = pool.imap(_trial, jobs) if pool else map(_trial, jobs)
             wins = 0
             with open(d / "trials.jsonl", "w") as log:
@@ -286,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-embeddings", default="", help="umT5 goal embeddings directory (default: hashed)")
     ap.add_argument("--no-videos", action="store_true", help="skip per-trial videos and strips")
     ap.add_argument("--workers", type=int, default=1, help="trials run in this many processes at once")
+    ap.add_argument("--execute", type=int, default=0,
+                    help="actions of each chunk executed before the next observation (default: all 10)")
     a = ap.parse_args(argv)
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
@@ -303,10 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     errors.writable_dir(a.out, "--out")
     if a.workers < 1:
         raise errors.UsageError(f"--workers {a.workers}: need ≥ 1")
+    if not 0 <= a.execute <= 10:
+        raise errors.UsageError(f"--execute {a.execute}: need 1 … 10 (actions of a 10-action chunk; 0 = all)")
     if not a.scripted and a.policy != "tiny-cnn":
         errors.existing(a.policy, "--policy", kind="directory")
     spec = ActorSpec(scripted=a.scripted, policy=a.policy or "", name=a.name, text_dir=a.text_embeddings)
     table = evaluate(spec, tasks, a.episodes, a.out, seed=a.seed, resolution=res, time_limit_s=a.time_limit,
-                     videos=not a.no_videos, workers=a.workers)
+                     videos=not a.no_videos, workers=a.workers, execute=a.execute)
     print((Path(a.out) / "success.md").read_text())
     return 0 if table else 1
