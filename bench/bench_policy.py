@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, time_ms, write_json  # noqa: E402
 
@@ -45,8 +46,7 @@ def policy_config(size: str):
         from rynn_jax.policy.train import PolicyTrainConfig
         from rynn_jax.training.config import run_recipe
 
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return run_recipe(os.path.join(root, "configs", "policy_cnn_cpu.py"), PolicyTrainConfig).policy
+        return run_recipe(os.path.join(ROOT, "configs", "policy_cnn_cpu.py"), PolicyTrainConfig).policy
     return PolicyConfig.tiny("world4d")
 
 

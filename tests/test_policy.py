@@ -177,6 +177,8 @@ def test_policy_cli_rejects_bad_flags(capsys):
     assert errors.run(serve.main, ["policy", "--task", "juggle", "--scripted"]) == 2
     assert "--task juggle" in capsys.readouterr().err
     assert errors.run(serve.main, ["policy", "--task", "push_block"]) == 2  # neither --policy nor --scripted
+    assert errors.run(serve.main, ["policy", "--task", "push_block", "--scripted", "--execute", "11"]) == 2
+    assert "--execute 11: need 1 … 10" in capsys.readouterr().err  # the scripted actor's 10-action chunk
 
 
 def test_policy_config_round_trips_and_checks():

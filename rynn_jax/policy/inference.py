@@ -84,8 +84,8 @@ def save(path: str | os.PathLike[str], cfg: config_lib.PolicyConfig, params: nnx
         json.dump(normalizer.to_json(), f)
 
 
-def load(path: str | os.PathLike[str]) -> LoadedPolicy:
-    """A policy directory written by `save` (the trainer's export)."""
+def load_config(path: str | os.PathLike[str]) -> config_lib.PolicyConfig:
+    """The configuration of a policy directory written by `save`, without its weights."""
     from rynn_jax import converted_weights
 
     path = os.fspath(path)
@@ -96,7 +96,15 @@ def load(path: str | os.PathLike[str]) -> LoadedPolicy:
         raw = json.load(f)
     if raw.pop("__class__", "PolicyConfig") != "PolicyConfig":
         raise ValueError(f"--policy {path}: not a policy directory")
-    cfg = config_lib.from_dict(raw)
+    return config_lib.from_dict(raw)
+
+
+def load(path: str | os.PathLike[str]) -> LoadedPolicy:
+    """A policy directory written by `save` (the trainer's export)."""
+    from rynn_jax import converted_weights
+
+    path = os.fspath(path)
+    cfg = load_config(path)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Policy(cfg, rngs=nnx.Rngs(0))), nnx.Param)
     pure = converted_weights.restore_params(path, nnx.to_pure_dict(abstract))
     nnx.replace_by_pure_dict(abstract, pure)

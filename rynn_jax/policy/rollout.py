@@ -215,6 +215,16 @@ class ActorSpec:
         return PolicyActor(policy, self.name or Path(self.policy).name, text_dir=self.text_dir)
 
     @property
+    def chunk(self) -> int:
+        """Actions per chunk of the actor `build` makes, read without building it."""
+        if self.scripted:
+            return ScriptedActor().chunk
+        from rynn_jax.policy import inference
+        from rynn_jax.policy.config import PolicyConfig
+
+        return (PolicyConfig.tiny("cnn") if self.policy == "tiny-cnn" else inference.load_config(self.policy)).head.chunk
+
+    @property
     def label(self) -> str:
         return "scripted" if self.scripted else self.name or Path(self.policy).name
 
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-videos", action="store_true", help="skip per-trial videos and strips")
     ap.add_argument("--workers", type=int, default=1, help="trials run in this many processes at once")
     ap.add_argument("--execute", type=int, default=0,
-                    help="actions of each chunk executed before the next observation (default: all 10)")
+                    help="actions of each chunk executed before the next observation (default: the whole chunk)")
     a = ap.parse_args(argv)
     tasks = list(scenes.TASKS) if a.task == "all" else a.task.split(",")
     for t in tasks:
@@ -310,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     errors.writable_dir(a.out, "--out")
     if a.workers < 1:
         raise errors.UsageError(f"--workers {a.workers}: need ≥ 1")
-    if not 0 <= a.execute <= 10:
-        raise errors.UsageError(f"--execute {a.execute}: need 1 … 10 (actions of a 10-action chunk; 0 = all)")
     if not a.scripted and a.policy != "tiny-cnn":
         errors.existing(a.policy, "--policy", kind="directory")
     spec = ActorSpec(scripted=a.scripted, policy=a.policy or "", name=a.name, text_dir=a.text_embeddings)
+    if not 0 <= a.execute <= spec.chunk:
+        raise errors.UsageError(f"--execute {a.execute}: need 1 … {spec.chunk} (actions of one chunk; 0 = all)")
     table = evaluate(spec, tasks, a.episodes, a.out, seed=a.seed, resolution=res, time_limit_s=a.time_limit,
                      videos=not a.no_videos, workers=a.workers, execute=a.execute)
     print((Path(a.out) / "success.md").read_text())
