@@ -15,7 +15,7 @@ from flax import nnx
 
 from rynn_jax import step_export
 from rynn_jax.models import causal
-from rynn_jax.models.dit import WanDiTConfig, init_dit
+from rynn_jax.models.dit import WanDiTConfig, init_dit, unrolled
 from rynn_jax.serving.block_step import StepConfig, make_start, make_step
 
 CFG = WanDiTConfig.tiny(control="add-plus", num_layers=1)
@@ -140,8 +140,8 @@ def test_artifact_exported_on_cpu_runs_on_gpu_like_the_jitted_gpu_step(tmp_path)
     assert all(leaf.devices() == {jax.devices()[0]} for leaf in jax.tree.leaves(state))  # ran on the GPU
 
     # The jitted GPU path, with the artifact's parameters put back into the model's structure.
-    model = init_dit(CFG, seed=0)
-    graphdef, params = nnx.split(model)
+    # (the serving layout the artifact was exported in: `dit.unrolled`, fused projections)
+    graphdef, params = nnx.split(unrolled(init_dit(CFG, seed=0)))
     params = jax.tree.unflatten(jax.tree.structure(params), server.params)
     start = jax.jit(make_start(graphdef, CCFG))
     step = jax.jit(make_step(graphdef, CCFG, SCFG), donate_argnums=1)
