@@ -112,6 +112,36 @@ def test_pixel_mixture_of_real_sources_with_worker_processes(tmp_path):
     assert all(b["video"].dtype == np.uint8 and b["uv"].shape[-1] == 2 for b in first)
 
 
+def test_worker_processes_survive_sigint_to_the_process_group():
+    """Ctrl-C in a terminal (and `timeout --signal=INT`) signals the trainer and its data workers
+    together; the trainer stops cleanly after its step, so the workers must outlive the signal and
+    keep serving the batches the trainer reads before checkpointing."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_data_pipeline import CountingSource, ids
+        from rynn_jax.data import pipeline as pl
+        cfg = pl.LoaderConfig(batch_size=1, seed=0, worker_count=2, worker_buffer_size=1)
+        plain = ids(b for b, _ in zip(pl.pixel_dataset(CountingSource(6), cfg), range(8)))
+        it = iter(pl.prefetch(pl.pixel_dataset(CountingSource(6), cfg), cfg))
+        got = ids(next(it) for _ in range(2))
+        signal.signal(signal.SIGINT, lambda *_: None)   # the trainer's own handler
+        os.killpg(0, signal.SIGINT)                     # the whole group, as a terminal's Ctrl-C
+        got += ids(next(it) for _ in range(6))
+        print("IDS", plain, got)
+        assert got == plain, (got, plain)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          start_new_session=True)  # its own process group, so the signal stays in it
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "IDS" in proc.stdout
+
+
 def test_to_device_shards_batch_over_mesh():
     devices = np.array(jax.devices())
     mesh = jax.sharding.Mesh(devices.reshape(-1, 1, 1, 1), ("data", "fsdp", "tensor", "context"))

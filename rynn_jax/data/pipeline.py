@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -159,7 +160,17 @@ def prefetch(ds: grain.IterDataset, cfg: LoaderConfig | None) -> grain.IterDatas
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count,
-                                                       per_worker_buffer_size=cfg.worker_buffer_size))
+                                                       per_worker_buffer_size=cfg.worker_buffer_size),
+                          worker_init_fn=_ignore_sigint)
+
+
+def _ignore_sigint(worker_index: int, worker_count: int) -> None:
+    """Workers leave SIGINT to the trainer. Ctrl-C in a terminal and `timeout --signal=INT` signal
+    the whole process group: a worker that died of it took the batches in flight with it, and the
+    trainer, which stops cleanly on SIGINT, then failed to read the next batch and to checkpoint
+    the iterator. The workers end when the trainer closes the iterator or exits."""
+    del worker_index, worker_count
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def batch_sharding(mesh: Mesh, batch_axes: tuple[str, ...] = ("data", "fsdp")) -> NamedSharding:
