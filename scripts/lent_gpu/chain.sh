@@ -40,16 +40,26 @@ use() {   # use NAME: weights/synthetic/NAME from init/NAME, unless a stage of t
 log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 has heldout && { WORKERS=16 $S heldout > out/heldout.log 2>&1; log "held-out: $(ls -d data/synthetic/heldout/*/episode_?????? | wc -l) episodes"; }
 DPID=
+end_data() {  # end_data PID: stop the generator's process group, drop its half-written episodes
+  kill -TERM -- -"$1" 2>/dev/null; sleep 5; kill -KILL -- -"$1" 2>/dev/null
+  rm -rf data/synthetic/train/*/*.tmp
+}
 if has data; then
   ( WORKERS=${DATA_WORKERS:-14} exec setsid $S data ) > out/data.log 2>&1 &
   DPID=$!
+  # generation ends at DATA_SECONDS even while a training stage runs (it would take the CPUs the
+  # trainer's data workers need); the trainers read the episodes listed when they started
+  ( while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
+    kill -0 "$DPID" 2>/dev/null && { end_data "$DPID"; log "data stopped at DATA_SECONDS: $(count) training episodes"; } ) &
 fi
 stop_data() {
   [ -n "$DPID" ] || return 0
   while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
-  kill -TERM -- -"$DPID" 2>/dev/null; sleep 5; kill -KILL -- -"$DPID" 2>/dev/null
-  rm -rf data/synthetic/train/*/*.tmp; DPID=
+  end_data "$DPID"; DPID=
   log "data: $(count) training episodes"
+}
+finished() {  # finished NET: weights/synthetic/NET is complete; pack.sh brings it back before ALLDONE
+  [ -f "weights/synthetic/$1/config.json" ] && log "finished $1"
 }
 if has autoencoder; then
   while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
@@ -62,6 +72,7 @@ if has autoencoder; then
   [ -f weights/synthetic/autoencoder/config.json ] || {
     python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae.py" --out weights/synthetic/autoencoder >> out/autoencoder.log 2>&1
     log "autoencoder export rc=$?"; }
+  finished autoencoder
 fi
 if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
   while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
@@ -73,6 +84,7 @@ if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and 
     python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae4d.py" \
       --out weights/synthetic/autoencoder4d >> out/autoencoder4d.log 2>&1
     log "autoencoder4d export rc=$?"; }
+  finished autoencoder4d
 fi
 if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae" (each ≤ DECODER_SECONDS)
   while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
@@ -85,6 +97,7 @@ if has decoder; then  # decoders of the committed latent space, encoder frozen: 
     [ -f "$out/config.json" ] || [ -f "$out/model.safetensors" ] || {
       python3 -m rynn_jax.training.decoder export --config "$REPO/configs/synthetic_decoder.py:$v" --out "$out" \
         >> "out/decoder_$v.log" 2>&1; log "decoder $v export rc=$?"; }
+    finished "$(basename "$out")"
   done
 fi
 stop_data

@@ -5,8 +5,9 @@
 #   heldout.tar.* the held-out episodes (RGB + skeleton + metadata), once (unless NO_HELDOUT);
 #   weights.tar.* weights/synthetic/<net> for each network this lease changed: the chain's exports once
 #                 it has ended; before that, when a training run has a checkpoint newer than the last
-#                 packed one, its EMA exported to interim/ (teacher, distilled student), with the
-#                 autoencoder as its stage left it;
+#                 packed one, its EMA exported to interim/ (teacher, distilled student), and each
+#                 network whose stage has ended (chain.sh's "finished NET": autoencoder, autoencoder4d,
+#                 the decoders);
 #   policy.tar.*  out/policy without the videos (success table, trials.jsonl, 6-frame strips), whenever
 #                 its table has changed;
 #   policy_weights.tar.* each policy export (runs/policy_<name>/export) of ≤ POLICY_PACK_MB (default 32)
@@ -56,9 +57,12 @@ else
   interim teacher runs/synthetic/teacher rynn_jax.training.export_weights --config "$REPO/configs/synthetic_teacher.py" && new=1
   interim student runs/synthetic/distill_b/ckpt rynn_jax.distill.export --config "$REPO/configs/synthetic_distill.py:dmd" \
     --resolution 128x224 && new=1
-  if changed weights/synthetic/autoencoder && ! diff -rq weights/synthetic/autoencoder "$src/autoencoder" > /dev/null 2>&1; then
-    mkdir -p "$src" && rm -rf "$src/autoencoder" && cp -r weights/synthetic/autoencoder "$src/" && new=1
-  fi
+  # networks whose stage has ended (chain.sh logs "finished NET" once weights/synthetic/NET is whole)
+  for net in $(sed -n 's/.*\] finished \(.*\)$/\1/p' out/chain.log 2>/dev/null); do
+    if changed "weights/synthetic/$net" && ! diff -rq "weights/synthetic/$net" "$src/$net" > /dev/null 2>&1; then
+      mkdir -p "$src" && rm -rf "$src/$net" && cp -r "weights/synthetic/$net" "$src/" && new=1
+    fi
+  done
 fi
 nets=()
 if [ -n "$new" ]; then for d in "$src"/*; do changed "$d" && nets+=("$(basename "$d")"); done; fi
