@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
-# of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export),
+# of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export
+# preencode4d world4d eval4d),
 # DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
@@ -120,6 +121,32 @@ has distill_a && { DISTILL_A_SECONDS=${DISTILL_A_SECONDS:-480} $S distill_a > ou
 [ -z "${STUDENT_INIT:-}" ] || ! has distill_b || need "$STUDENT_INIT"
 has distill_b && { DISTILL_B_SECONDS=${DISTILL_B_SECONDS:-600} $S distill_b > out/distill_b.log 2>&1; log "distill B rc=$?"; }
 has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "distill export rc=$?"; }
+# RynnWorld-4D (docs/RYNNWORLD4D.md) on the 4D autoencoder when a stage of this lease made it (else the
+# committed RGB one): preencode4d (RGB + depth + flow latents of the training episodes), world4d (its
+# three stages from the synthetic teacher, WORLD4D_SECONDS each, for each of WORLD4D_VARIANTS: joint,
+# independent), eval4d (each variant's stage-3 model on the held-out episodes, EVAL4D_FRAMES frames).
+W4V=${WORLD4D_VARIANTS:-joint}
+if has preencode4d; then
+  [ -f weights/synthetic/autoencoder4d/config.json ] || { use autoencoder; log "preencode4d: no autoencoder4d, using the RGB autoencoder"; }
+  $S text > out/text.log 2>&1; log "text rc=$?"
+  PREENCODE_WORKERS=${PREENCODE_WORKERS:-8} $S preencode4d > out/preencode4d.log 2>&1
+  log "preencode4d rc=$? $(ls data/synthetic/latents4d 2>/dev/null | wc -l) files"
+fi
+if has world4d; then
+  use teacher
+  for v in $W4V; do
+    VARIANT=$v WORLD4D_SECONDS=${WORLD4D_SECONDS:-300} $S world4d > "out/world4d_$v.log" 2>&1
+    log "world4d $v rc=$?"
+    finished "world4d_stage3$([ "$v" = joint ] || echo "_$v")"   # stages 1 and 2 stay on the machine
+  done
+fi
+if has eval4d; then
+  for v in $W4V; do
+    [ -f weights/synthetic/autoencoder4d/config.json ] || use autoencoder
+    VARIANT=$v EVAL_FRAMES=${EVAL4D_FRAMES:-33} $S eval4d > "out/eval4d_$v.log" 2>&1
+    log "eval4d $v rc=$? $(tr -d '\n ' < "eval/world4d_$v/metrics.json" 2>/dev/null | head -c 400)"
+  done
+fi
 pol_name() {  # cnn → cnn; configs/policy_cnn_cpu.py → cnn_cpu; configs/policy.py:world4d → world4d
   local f=${1%%:*} a=; [[ $1 == *:* ]] && a=${1#*:}
   [[ $f == *.py ]] || { echo "$1"; return; }
