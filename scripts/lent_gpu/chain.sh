@@ -126,8 +126,13 @@ has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "di
 # three stages from the synthetic teacher, WORLD4D_SECONDS each, for each of WORLD4D_VARIANTS: joint,
 # independent), eval4d (each variant's stage-3 model on the held-out episodes, EVAL4D_FRAMES frames).
 W4V=${WORLD4D_VARIANTS:-joint}
+ae4d_or_rgb() {  # the 4D stages' autoencoder: this lease's autoencoder4d, a delivered one, else the RGB one
+  [ -f weights/synthetic/autoencoder4d/config.json ] && return 0
+  [ -f init/autoencoder4d/config.json ] && { use autoencoder4d; return 0; }
+  use autoencoder; log "no autoencoder4d: the 4D stages use the RGB autoencoder"
+}
 if has preencode4d; then
-  [ -f weights/synthetic/autoencoder4d/config.json ] || { use autoencoder; log "preencode4d: no autoencoder4d, using the RGB autoencoder"; }
+  ae4d_or_rgb
   $S text > out/text.log 2>&1; log "text rc=$?"
   PREENCODE_WORKERS=${PREENCODE_WORKERS:-8} $S preencode4d > out/preencode4d.log 2>&1
   log "preencode4d rc=$? $(ls data/synthetic/latents4d 2>/dev/null | wc -l) files"
@@ -142,7 +147,7 @@ if has world4d; then
 fi
 if has eval4d; then
   for v in $W4V; do
-    [ -f weights/synthetic/autoencoder4d/config.json ] || use autoencoder
+    ae4d_or_rgb
     VARIANT=$v EVAL_FRAMES=${EVAL4D_FRAMES:-33} $S eval4d > "out/eval4d_$v.log" 2>&1
     log "eval4d $v rc=$? $(tr -d '\n ' < "eval/world4d_$v/metrics.json" 2>/dev/null | head -c 400)"
   done

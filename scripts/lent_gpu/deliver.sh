@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Sourced by chain.sh and poll.sh. Weights committed to the repository reach the lease through
-# `deliver REPO_COPY`: each of weights/synthetic/{autoencoder,teacher,student} is copied, once and
-# atomically, to $WORKDIR/init/<name>. The first call's tree may lack them (wheels and weights
+# Sourced by chain.sh and poll.sh. Weights in the call's tree reach the lease through
+# `deliver REPO_COPY`: each weights/synthetic/<name> with a config.json (the committed autoencoder,
+# teacher, student, tiny_decoder, and any a call carries, e.g. an earlier lease's autoencoder4d) is
+# copied, once and atomically, to $WORKDIR/init/<name>. The first call's tree may lack them (wheels and weights
 # together exceed the 64 MiB a call carries): a later call's poll.sh then delivers them, and the
 # stages that need them wait (`await_init`).
 WORKDIR=${WORKDIR:-/tmp/work}
 deliver() {
-  local w
-  for w in autoencoder teacher student; do
+  local d w
+  for d in "$1"/weights/synthetic/*/; do
+    w=$(basename "$d")
     [ -e "$WORKDIR/init/$w" ] || [ ! -f "$1/weights/synthetic/$w/config.json" ] || {
       mkdir -p "$WORKDIR/init"; rm -rf "$WORKDIR/init/.$w"
       cp -r "$1/weights/synthetic/$w" "$WORKDIR/init/.$w" && mv "$WORKDIR/init/.$w" "$WORKDIR/init/$w"
