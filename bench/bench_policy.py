@@ -2,6 +2,7 @@
 jitted `LoadedPolicy.predict` the closed loop calls, on the default device:
 
     python bench/bench_policy.py --size full --out bench/results/policy_h200.json     # one H200
+    python bench/bench_policy.py --size full --fp8 --out bench/results/policy_fp8_h200.json   # + FP8 backbone
     python bench/bench_policy.py --size cnn cnn_cpu tiny --out bench/results/policy_cpu.json   # CPU
 
 Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at t = 500, random
@@ -13,12 +14,18 @@ Per size: the whole step, and the vision encoder alone (for the 4D sizes: VAE + 
 medians over `--iters` calls after a warm-up (compile excluded). The paper: 1,106 ms per chunk on
 an RTX 5090 in FP8; the goal is ≥ 5 chunks/s on one H200 at full size.
 
-Checks: the chunk has shape (1, 10, 54) and is finite; the same key gives the same chunk.
+`--fp8` adds, for each 4D size, a row with the backbone's block linears as FP8 GEMMs
+(`backbone.fp8`, models/fp8.quantize_dit: per-channel weight and per-token activation scales; the
+joint attention and the VAE unchanged), compiled with cuBLASLt FP8 GEMMs rather than Triton ones.
+
+Checks: the chunk has shape (1, 10, 54) and is finite; the same key gives the same chunk; an FP8
+row's vision features are within 15 % (relative L2) of the bf16 row's on the same input.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -34,12 +41,12 @@ from _harness import Checks, time_ms, write_json  # noqa: E402
 SIZES = ("full", "rgb", "cnn", "cnn_cpu", "tiny")
 
 
-def policy_config(size: str):
+def policy_config(size: str, fp8: bool = False):
     from rynn_jax.policy.config import BackboneConfig, PolicyConfig
 
     if size in ("full", "rgb"):
         return PolicyConfig.full("world4d" if size == "full" else "world4d_rgb",
-                                 backbone=BackboneConfig(dit="random", vae="random"))
+                                 backbone=BackboneConfig(dit="random", vae="random", fp8=fp8))
     if size == "cnn":
         return PolicyConfig.full("cnn")
     if size == "cnn_cpu":  # the recipe the project's CPU trains: its policy config, read from the recipe
@@ -47,16 +54,21 @@ def policy_config(size: str):
         from rynn_jax.training.config import run_recipe
 
         return run_recipe(os.path.join(ROOT, "configs", "policy_cnn_cpu.py"), PolicyTrainConfig).policy
-    return PolicyConfig.tiny("world4d")
+    cfg = PolicyConfig.tiny("world4d")
+    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, fp8=fp8)) if fp8 else cfg
 
 
-def bench(size: str, iters: int, checks: Checks) -> dict:
+def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features: np.ndarray | None = None
+          ) -> tuple[dict, np.ndarray]:
+    """One row, and the vision features of the benched input (the FP8 row is checked against the
+    bf16 row's)."""
     import jax
 
     from rynn_jax.policy import inference, model
     from rynn_jax.policy.normalize import ActionNormalizer
 
-    cfg = policy_config(size)
+    cfg = policy_config(size, fp8)
+    name = f"{size}+fp8" if fp8 else size
     t0 = time.perf_counter()
     pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
     build_s = time.perf_counter() - t0
@@ -71,33 +83,49 @@ def bench(size: str, iters: int, checks: Checks) -> dict:
     t0 = time.perf_counter()
     chunk = pol.predict(rgb, depth, state, goal, key)
     compile_s = time.perf_counter() - t0
-    checks.finite(f"{size}: chunk", chunk)
-    checks.rows.append(dict(check=f"{size}: chunk shape (1, {cfg.head.chunk}, {cfg.head.action_dim})",
+    checks.finite(f"{name}: chunk", chunk)
+    checks.rows.append(dict(check=f"{name}: chunk shape (1, {cfg.head.chunk}, {cfg.head.action_dim})",
                             ok=chunk.shape == (1, cfg.head.chunk, cfg.head.action_dim)))
     again = pol.predict(rgb, depth, state, goal, key)
-    checks.rows.append(dict(check=f"{size}: same key, same chunk", ok=bool(np.array_equal(chunk, again))))
+    checks.rows.append(dict(check=f"{name}: same key, same chunk", ok=bool(np.array_equal(chunk, again))))
 
     step_ms = statistics.median(time_ms(lambda: pol.predict(rgb, depth, state, goal, key), 1, iters))
     enc = pol.encoder
     vision = jax.jit(enc.apply)
     args = (enc.params, jax.numpy.asarray(rgb), jax.numpy.asarray(depth), jax.numpy.asarray(goal), key)
     vision_ms = statistics.median(time_ms(lambda: jax.block_until_ready(vision(*args)), 1, iters))
-    return {"size": size, "encoder": cfg.encoder, "image_size": [h, w], "trainable_params": model.count_params(cfg),
+    features = np.asarray(vision(*args), np.float32)
+    extra = {}
+    if ref_features is not None:  # FP8 GEMMs move the features a little, never a lot
+        err = float(np.linalg.norm(features - ref_features) / np.linalg.norm(ref_features))
+        checks.rows.append(dict(check=f"{name}: features within 15 % of bf16 (rel L2 {err:.3f})", ok=0 < err <= 0.15))
+        extra["features_rel_l2_vs_bf16"] = err
+    return {"size": name, "encoder": cfg.encoder, "image_size": [h, w], "trainable_params": model.count_params(cfg),
             "build_s": round(build_s, 1), "first_call_s": round(compile_s, 1), "step_ms": step_ms,
             "vision_ms": vision_ms, "head_and_rest_ms": step_ms - vision_ms, "chunks_per_s": 1e3 / step_ms,
-            "actions_per_s": 1e3 / step_ms * cfg.head.chunk}
+            "actions_per_s": 1e3 / step_ms * cfg.head.chunk, **extra}, features
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", nargs="+", choices=SIZES, default=["full"])
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--fp8", action="store_true",
+                   help="also time each 4D size (full, rgb, tiny) with the backbone's block linears as FP8 GEMMs")
     p.add_argument("--out", default="")
     a = p.parse_args()
+    if a.fp8:  # cuBLASLt FP8 GEMMs, not one autotuned Triton kernel per linear (models/fp8.py)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false").strip()
     import jax
 
     checks = Checks()
-    rows = [bench(s, a.iters, checks) for s in a.size]
+    rows = []
+    for s in a.size:
+        row, features = bench(s, a.iters, checks)
+        rows.append(row)
+        if a.fp8 and s in ("full", "rgb", "tiny"):
+            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features)[0])
+        del features
     dev = jax.devices()[0]
     print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")
     print("| size | encoder | image | trainable params | step ms | vision ms | head + rest ms | chunks/s |")

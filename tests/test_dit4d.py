@@ -183,6 +183,35 @@ def test_config_refuses_bad_joint_layers():
     assert WanDiT4DConfig.full().every(2, 0, 20).joint_layers == tuple(range(0, 20, 2))
 
 
+def test_fp8_quantized_model_moves_the_features_a_little():
+    """quantize_dit on the 4D model (the policy's FP8 backbone): the three branches' block linears
+    become FP8 GEMMs, the joint attention and every other tensor stay bit-identical, and the
+    policy's block features move by a few percent, not zero (the FP8 path is in use)."""
+    from rynn_jax.models.fp8 import quantize_dit
+
+    model = dit4d_from_params(CFG, _params(CFG, 8, joint_out=True))
+    q = quantize_dit(model)
+    assert q.cfg.base.fp8 and not model.cfg.base.fp8 and q.cfg.joint_layers == CFG.joint_layers
+    src = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
+    dst = flatten_params(nnx.to_pure_dict(nnx.state(q)), str_keys=False)
+    linears = {p[:-1] for p in dst if p[-1] == "kernel_scale"}
+    assert {p[0] for p in linears} == {"base", "depth", "flow"}
+    assert {p[-1] for p in linears} >= {"q", "o", "ffn_up", "ffn_down"}
+    assert not any(p[0] == "joint" for p in linears)
+    for path, value in dst.items():
+        if path[:-1] not in linears:
+            assert np.array_equal(np.asarray(value), np.asarray(src[path])), path
+    z, t, ctx = _inputs(5)
+
+    def features(m):
+        graphdef, state = nnx.split(m)
+        return np.asarray(jax.jit(lambda s: nnx.merge(graphdef, s).features(z, t, ctx, layer=2))(state))
+
+    ref, out = features(model), features(q)
+    err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    assert np.isfinite(out).all() and 0 < err <= 0.1, err
+
+
 # --------------------------------------------------------------------------------------------------
 # The released checkpoint layout
 # --------------------------------------------------------------------------------------------------

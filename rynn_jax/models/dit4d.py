@@ -68,9 +68,9 @@ class WanDiT4DConfig:
 
     def __post_init__(self) -> None:
         b = self.base
-        if b.control != "none" or b.fp8 or b.token_multiple != 1:
-            raise ValueError("WanDiT4DConfig.base: the 4D model has no control branch, FP8 or token padding "
-                             f"(got control={b.control!r}, fp8={b.fp8}, token_multiple={b.token_multiple})")
+        if b.control != "none" or b.token_multiple != 1:
+            raise ValueError("WanDiT4DConfig.base: the 4D model has no control branch or token padding "
+                             f"(got control={b.control!r}, token_multiple={b.token_multiple})")
         layers = self.joint_layers
         if list(layers) != sorted(set(layers)) or any(not 0 <= i < b.num_layers for i in layers):
             raise ValueError(f"joint_layers must be increasing block indices in [0, {b.num_layers}), got {layers}")

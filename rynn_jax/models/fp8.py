@@ -18,7 +18,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,8 @@ from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
 from rynn_jax.models.fp8_linear import (FP8, FP8_MAX, Fp8InputAmax, Fp8Linear, amax_scale, fp8_matmul, quantize_weight,
                                         to_fp8)
 from rynn_jax.weights import flatten_params, unflatten_params
+
+M = TypeVar("M")  # WanDiT or WanDiT4D
 
 __all__ = [  # the FP8 primitives are re-exported: callers import them from here
     "FP8", "FP8_MAX", "Fp8InputAmax", "Fp8Linear", "amax_scale", "fp8_matmul", "quantize_weight", "to_fp8",
@@ -54,14 +56,20 @@ def compiler_options(cfg: WanDiTConfig) -> dict | None:
     return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 
 
-def quantize_dit(model: WanDiT) -> WanDiT:
-    """The FP8 serving model for a float model: same config with fp8=True, every Fp8Linear's kernel
-    and kernel_scale from quantizing the source kernel (all stacked layers at once), every other
-    variable the source's array unchanged (shared, so bit-exact)."""
-    if model.cfg.fp8:
+def quantize_dit(model: M) -> M:
+    """The FP8 serving model for a float model (a WanDiT, or a WanDiT4D: its three branches' block
+    linears; the joint attention stays in the model's dtype): same config with fp8=True, every
+    Fp8Linear's kernel and kernel_scale from quantizing the source kernel (all stacked layers at
+    once), every other variable the source's array unchanged (shared, so bit-exact)."""
+    from rynn_jax.models.dit4d import WanDiT4D
+
+    four_d = isinstance(model, WanDiT4D)
+    base = model.cfg.base if four_d else model.cfg
+    if base.fp8:
         raise ValueError("quantize_dit: the model is already fp8 (cfg.fp8=True)")
-    cfg = dataclasses.replace(model.cfg, fp8=True, fp8_activations="per_token")
-    graphdef, target = nnx.split(build.abstract_model(WanDiT, cfg))  # eager sharding off inside
+    base = dataclasses.replace(base, fp8=True, fp8_activations="per_token")
+    cfg = dataclasses.replace(model.cfg, base=base) if four_d else base
+    graphdef, target = nnx.split(build.abstract_model(type(model), cfg))  # eager sharding off inside
     want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
     src = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
     dotted = lambda path: ".".join(map(str, path))

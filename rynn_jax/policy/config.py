@@ -28,6 +28,9 @@ class BackboneConfig:
     latent_frames: int = 21  # latent frames the backbone sees: frame 0 observed, the rest noise
     image_size: tuple[int, int] = (480, 640)  # (H, W) the observation is resized to before the VAE
     noise_seed: int = 0  # key of the noise frames at inference (features are deterministic)
+    # the branches' block linears as FP8 GEMMs (models/fp8.quantize_dit: per-channel weight scales,
+    # per-token activation scales); the joint attention, embeddings and the VAE stay as loaded
+    fp8: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -90,6 +90,10 @@ class World4DFeatures:
                                         "SPEC-size random weights)")
         dit = (init_dit4d(WanDiT4DConfig.tiny(), seed=1) if bb.dit == "tiny" else
                random_backbone(bb.layer) if bb.dit == RANDOM else load_dit4d(bb.dit))
+        if bb.fp8:
+            from rynn_jax.models.fp8 import quantize_dit
+
+            dit = quantize_dit(dit)
         z = dit.cfg.in_channels
         if bb.vae == "tiny":
             vae = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny(z_dim=z, latents_mean=(0.0,) * z, latents_std=(1.0,) * z), 2)
