@@ -8,8 +8,8 @@
 #                 packed one, its EMA exported to interim/ (teacher, distilled student), and each
 #                 network whose stage has ended (chain.sh's "finished NET": autoencoder, autoencoder4d,
 #                 the decoders);
-#   eval.tar.*    eval/ (the eval4d stage's metrics, reports, plots; no videos) whenever a metrics.json
-#                 is new;
+#   eval.tar.*    eval/ (the eval4d stage's metrics, reports, plots, the first episode's frame strip per
+#                 task; no videos) whenever a metrics.json is new;
 #   policy.tar.*  out/policy without the videos (success table, trials.jsonl, 6-frame strips), whenever
 #                 its table has changed;
 #   policy_weights.tar.* each policy export (runs/policy_<name>/export) of ≤ POLICY_PACK_MB (default 32)
@@ -33,7 +33,9 @@ done
 [ ${#pols[@]} -eq 0 ] || { tar cf /tmp/policy_weights.tar "${pols[@]}" &&
   split -b 15M -d /tmp/policy_weights.tar "$OUT/policy_weights.tar." && echo "packed ${pols[*]}"; }
 if [ -d eval ] && [ -n "$(find eval -name metrics.json -newer .eval_packed 2>/dev/null || ls eval/*/metrics.json 2>/dev/null)" ]; then
-  touch .eval_packed && tar cf /tmp/eval.tar --exclude='*.mp4' --exclude='*.npz' eval &&
+  # frame strips of the first episode per task only (one each is ≈ 0.5 MB at 128×224)
+  touch .eval_packed && tar cf /tmp/eval.tar --exclude='*.mp4' --exclude='*.npz' --exclude=strips eval &&
+    { ls eval/*/strips/*episode_000000*.png > /dev/null 2>&1 && tar rf /tmp/eval.tar eval/*/strips/*episode_000000*.png || true; } &&
     split -b 15M -d /tmp/eval.tar "$OUT/eval.tar." && echo "packed eval/: $(du -sh /tmp/eval.tar | cut -f1)"
 fi
 if [ -z "${NO_HELDOUT:-}" ] && [ ! -e .heldout_packed ] && grep -q "held-out:" out/chain.log 2>/dev/null; then
