@@ -52,18 +52,21 @@ if has data; then
   # trainer's data workers need); the trainers read the episodes listed when they started
   ( while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
     kill -0 "$DPID" 2>/dev/null && { end_data "$DPID"; log "data stopped at DATA_SECONDS: $(count) training episodes"; } ) &
+  WATCHDOG=$!
 fi
-stop_data() {
+stop_data() {  # after the watchdog: generation has ended (finished, or stopped at DATA_SECONDS)
   [ -n "$DPID" ] || return 0
-  while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
-  end_data "$DPID"; DPID=
+  wait "$WATCHDOG"; end_data "$DPID"; DPID=
   log "data: $(count) training episodes"
+}
+await_episodes() {  # a training stage starts once AE_START_EPISODES exist (or generation has ended)
+  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
 }
 finished() {  # finished NET: weights/synthetic/NET is complete; pack.sh brings it back before ALLDONE
   [ -f "weights/synthetic/$1/config.json" ] && log "finished $1"
 }
 if has autoencoder; then
-  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  await_episodes
   [ -z "${AE_INIT:-}" ] || need "$AE_INIT"
   log "autoencoder starts with $(count) episodes"
   init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
@@ -76,7 +79,7 @@ if has autoencoder; then
   finished autoencoder
 fi
 if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
-  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  await_episodes
   use autoencoder
   AE4D_SECONDS=${AE4D_SECONDS:-600} AE4D_ARGS="--set data.worker_count=12 ${AE4D_ARGS:-}" \
     $S autoencoder4d > out/autoencoder4d.log 2>&1
@@ -88,7 +91,7 @@ if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and 
   finished autoencoder4d
 fi
 if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae" (each ≤ DECODER_SECONDS)
-  while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
+  await_episodes
   use autoencoder
   for v in ${DECODERS:-tae}; do
     timeout --signal=INT --kill-after=120 "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
