@@ -40,9 +40,10 @@ TEACHER_DIR=$(const TEACHER); STUDENT_DIR=$(const STUDENT); LATENT4D_DIR=$(dirna
 FRAMES_ARG=${FRAMES:+--frames $FRAMES}
 SIM_CACHE=${SIM_CACHE:-cache/sim_xla}  # the sim workers' shared compilation cache (held-out and training runs)
 log() { echo "[$(date +%H:%M:%S)] $*"; }
-limited() {         # limited SECONDS CMD...: CMD, stopped after SECONDS (if set) with SIGINT (it saves and exits)
+limited() {         # limited SECONDS CMD...: CMD, stopped after SECONDS (if set) with SIGINT (it saves, exports
+                    # and exits; killed KILL_AFTER seconds later if still running)
   local seconds=$1; shift
-  if [ -n "$seconds" ]; then timeout --signal=INT --kill-after=120 "$seconds" "$@" || [ $? -eq 124 ]; else "$@"; fi
+  if [ -n "$seconds" ]; then timeout --signal=INT --kill-after="${KILL_AFTER:-300}" "$seconds" "$@" || [ $? -eq 124 ]; else "$@"; fi
 }
 
 stage_data() {      # training episodes (the generator interleaves the tasks: a run cut short is balanced)

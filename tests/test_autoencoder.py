@@ -152,6 +152,28 @@ def test_init_from_an_export_continues_from_its_weights(exported, tmp_path):
         ae.init_state(other, tx)
 
 
+def test_export_stopped_during_heldout_scoring_leaves_no_folder(exported, tmp_path, monkeypatch):
+    """A run stopped (Ctrl-C, `timeout --signal=INT`) while the export scores the held-out clips
+    writes no folder that later stages would load as finished; the next export writes it whole."""
+    cfg, params, _ = exported
+    out = str(tmp_path / "vae")
+    real = ae.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ae, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ae.export(cfg, params, out)
+    assert not os.path.exists(out)
+    monkeypatch.setattr(ae, "evaluate", real)
+    summary = ae.export(cfg, params, out)
+    assert sorted(os.listdir(tmp_path)) == ["vae"] and "heldout" in summary
+    with open(os.path.join(out, "heldout.json")) as f:
+        assert json.load(f)["heldout"] == summary["heldout"]
+    assert list(load_vae(out).cfg.latents_mean) == summary["latents_mean"]
+
+
 def _batches(cfg: ae.AutoencoderTrainConfig, dirs, n: int, stream: int):
     items = ae.video_items(ae.episode_dirs(dirs, "dirs"), cfg.data.videos)
     return list(ae.fixed_clips(cfg.data, items, n, stream))

@@ -42,7 +42,7 @@ import optax
 from flax import nnx
 
 from rynn_jax import converted_weights, errors
-from rynn_jax.atomic import is_partial_dir
+from rynn_jax.atomic import atomic_dir, is_partial_dir
 from rynn_jax.data import geometry_video
 from rynn_jax.data import pipeline as pipeline_lib
 from rynn_jax.data import video as video_lib
@@ -407,7 +407,9 @@ def latent_statistics(codec: Codec, data: AutoencoderDataConfig, items: Sequence
 
 def export(cfg: AutoencoderTrainConfig, params: nnx.State, out_dir: str) -> dict:
     """Write the VAE directory (params in export_dtype + config.json with measured latent
-    statistics) and evaluate what was written, loaded back by the project's loader."""
+    statistics) and evaluate what was written, loaded back by the project's loader. The directory
+    appears whole, held-out scores included, or not at all (a run stopped during the evaluation
+    leaves no folder that later stages would take for finished)."""
     from rynn_jax.models.vae_weights import load_vae
 
     export_cfg = dataclasses.replace(cfg.model, dtype="float32", param_dtype=cfg.export_dtype)
@@ -418,16 +420,17 @@ def export(cfg: AutoencoderTrainConfig, params: nnx.State, out_dir: str) -> dict
     export_cfg = dataclasses.replace(export_cfg, latents_mean=tuple(map(float, mean)),
                                      latents_std=tuple(map(float, std)))
     pure = jax.tree.map(np.asarray, nnx.to_pure_dict(stored))
-    converted_weights.save_params(out_dir, pure, export_cfg)
     size = sum(x.nbytes for x in jax.tree.leaves(pure))
     summary = {"parameters": int(sum(x.size for x in jax.tree.leaves(pure))), "bytes": int(size),
                "latents_mean": list(export_cfg.latents_mean), "latents_std": list(export_cfg.latents_std)}
-    if cfg.data.heldout_dirs:
-        items = video_items(episode_dirs(cfg.data.heldout_dirs, "data.heldout_dirs"), cfg.data.videos)
-        summary["heldout"] = evaluate(Codec(*nnx.split(load_vae(out_dir), nnx.Param)), cfg.data, items,
-                                      streaming=True)
-    with open(os.path.join(out_dir, "heldout.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    with atomic_dir(out_dir) as tmp:
+        converted_weights.save_params(str(tmp), pure, export_cfg)
+        if cfg.data.heldout_dirs:
+            items = video_items(episode_dirs(cfg.data.heldout_dirs, "data.heldout_dirs"), cfg.data.videos)
+            summary["heldout"] = evaluate(Codec(*nnx.split(load_vae(str(tmp)), nnx.Param)), cfg.data, items,
+                                          streaming=True)
+        with open(tmp / "heldout.json", "w") as f:
+            json.dump(summary, f, indent=1)
     log.info("exported %s: %d parameters, %.1f MB; held-out %s", out_dir, summary["parameters"], size / 1e6,
              summary.get("heldout"))
     return summary

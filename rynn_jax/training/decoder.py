@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -43,6 +42,7 @@ import optax
 from flax import nnx
 
 from rynn_jax import converted_weights, errors
+from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import tae as tae_lib
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.tae import TAEConfig, TinyAutoencoder
@@ -303,31 +303,32 @@ def export(cfg: DecoderTrainConfig, parts: Parts, state_params: nnx.State, froze
            autoencoder: WanVAE) -> dict:
     """Write the tiny decoder's directory (tae) or the whole autoencoder's (vae), load it back with
     the project's loader and score it on the held-out clips next to the autoencoder's own decoder
-    (`heldout.json`)."""
+    (`heldout.json`); the directory appears only once all of it is written."""
     from rynn_jax.models.tae_weights import load_tae, save_tae
     from rynn_jax.models.vae_weights import load_vae
 
     cast = lambda tree: jax.tree.map(lambda p: p.astype(cfg.export_dtype), tree)  # noqa: E731
-    if cfg.decoder == "tae":
-        export_cfg = dataclasses.replace(parts.tae_cfg, dtype=cfg.export_dtype)
-        save_tae(out_dir, tae_lib.tae_from_params(export_cfg, nnx.to_pure_dict(cast(state_params))))
-        loaded: Decoder = load_tae(out_dir)
-    else:
-        export_cfg = dataclasses.replace(autoencoder.cfg, param_dtype=cfg.export_dtype)
-        whole = nnx.merge(parts.vae_graphdef, cast(frozen), cast(state_params))
-        pure = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(whole, nnx.Param)))
-        converted_weights.save_params(out_dir, pure, export_cfg)
-        loaded = load_vae(out_dir)
-    params = nnx.state(loaded, nnx.Param)
-    summary = {"decoder": cfg.decoder, "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
-               "bytes": int(sum(x.nbytes for x in jax.tree.leaves(params)))}
-    if cfg.data.heldout_dirs:
-        items = ae.video_items(ae.episode_dirs(cfg.data.heldout_dirs, "data.heldout_dirs"), cfg.data.videos)
-        encode = parts.encoder(nnx.split(autoencoder, _encoder_side, ...)[1])
-        summary["heldout"] = evaluate(encode, {"": loaded, "_autoencoder": autoencoder}, cfg.data, items,
-                                      streaming=True)
-    with open(os.path.join(out_dir, "heldout.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    with atomic_dir(out_dir) as tmp:  # whole, held-out scores included, or absent
+        if cfg.decoder == "tae":
+            export_cfg = dataclasses.replace(parts.tae_cfg, dtype=cfg.export_dtype)
+            save_tae(str(tmp), tae_lib.tae_from_params(export_cfg, nnx.to_pure_dict(cast(state_params))))
+            loaded: Decoder = load_tae(str(tmp))
+        else:
+            export_cfg = dataclasses.replace(autoencoder.cfg, param_dtype=cfg.export_dtype)
+            whole = nnx.merge(parts.vae_graphdef, cast(frozen), cast(state_params))
+            pure = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(whole, nnx.Param)))
+            converted_weights.save_params(str(tmp), pure, export_cfg)
+            loaded = load_vae(str(tmp))
+        params = nnx.state(loaded, nnx.Param)
+        summary = {"decoder": cfg.decoder, "parameters": int(sum(x.size for x in jax.tree.leaves(params))),
+                   "bytes": int(sum(x.nbytes for x in jax.tree.leaves(params)))}
+        if cfg.data.heldout_dirs:
+            items = ae.video_items(ae.episode_dirs(cfg.data.heldout_dirs, "data.heldout_dirs"), cfg.data.videos)
+            encode = parts.encoder(nnx.split(autoencoder, _encoder_side, ...)[1])
+            summary["heldout"] = evaluate(encode, {"": loaded, "_autoencoder": autoencoder}, cfg.data, items,
+                                          streaming=True)
+        with open(tmp / "heldout.json", "w") as f:
+            json.dump(summary, f, indent=1)
     log.info("exported %s: %s", out_dir, summary)
     return summary
 
