@@ -47,6 +47,44 @@ def test_flow_encoding_inverts_within_quantisation():
     assert gv.clipped_fraction(np.concatenate([flow, long.repeat(100, 1)])) == pytest.approx(100 / 4100)
 
 
+def _rgb_to_flow_brute_force(rgb: np.ndarray, max_px: float) -> np.ndarray:
+    """The nearest point of the colour wheel by projecting onto every segment, (pixels, segments, 3)."""
+    c = np.clip(rgb.reshape(-1, 3) / 255.0, 0.0, 1.0)
+    r = (1.0 - c).max(-1)
+    p = 1.0 - (1.0 - c) / np.maximum(r, 1e-12)[:, None]
+    a, b = gv.WHEEL[:-1], gv.WHEEL[1:]
+    t = np.clip(((p[:, None] - a) * (b - a)).sum(-1) / ((b - a) ** 2).sum(-1), 0.0, 1.0)
+    k = np.square(a + t[..., None] * (b - a) - p[:, None]).sum(-1).argmin(-1)
+    angle = ((k + t[np.arange(len(k)), k]) / (len(gv.WHEEL) - 1) * 2.0 - 1.0) * np.pi
+    return np.stack([-r * max_px * np.cos(angle), -r * max_px * np.sin(angle)], -1).reshape(*rgb.shape[:-1], 2)
+
+
+def test_flow_decoding_is_the_nearest_wheel_colour_for_any_colour():
+    """Generated colours are off the wheel: every pixel decodes to the projection onto the nearest
+    segment, as the brute-force search over all segments finds it (chunk boundaries included)."""
+    rng = np.random.default_rng(4)
+    rgb = rng.integers(0, 256, (3, 37, 41, 3)).astype(np.uint8)
+    got = gv.rgb_to_flow(rgb, 7.0, chunk=1000).reshape(-1, 2).astype(np.float64)
+    want = _rgb_to_flow_brute_force(rgb.astype(np.float64), 7.0).reshape(-1, 2)
+    np.testing.assert_allclose(np.hypot(*got.T), np.hypot(*want.T), atol=1e-4)  # saturation: exact
+    same = np.all(np.abs(got - want) < 1e-4, -1)
+    assert same.mean() > 0.99
+    # elsewhere two wheel points are equally near (grey pixels: every hue): check the distances tie
+
+    def wheel(f):  # the unquantised full-saturation wheel colour of the flow's direction
+        n = len(gv.WHEEL)
+        fk = (np.arctan2(-f[:, 1], -f[:, 0]) / np.pi + 1.0) / 2.0 * (n - 1)
+        k0 = np.floor(fk).astype(int)
+        return (1 - (fk - k0))[:, None] * gv.WHEEL[k0 % n] + (fk - k0)[:, None] * gv.WHEEL[(k0 + 1) % n]
+
+    c = rgb.reshape(-1, 3)[~same] / 255.0
+    r = (1.0 - c).max(-1)
+    p = 1.0 - (1.0 - c) / np.maximum(r, 1e-12)[:, None]
+    d_got = np.square(wheel(got[~same]) - p).sum(-1)
+    d_want = np.square(wheel(want[~same]) - p).sum(-1)
+    np.testing.assert_allclose(d_got, d_want, atol=1e-9)
+
+
 def test_episode_videos_from_the_simulators_exact_renders(tmp_path):
     rng = np.random.default_rng(3)
     depth_mm = rng.integers(0, 7000, (4, 6, 8)).astype(np.uint16)

@@ -96,7 +96,7 @@ def flow_to_rgb(flow: np.ndarray, max_px: float = FLOW_MAX_PX) -> np.ndarray:
     return np.floor(rgb * 255.0).astype(np.uint8)  # floor, as the Middlebury code quantises
 
 
-def rgb_to_flow(rgb: np.ndarray, max_px: float = FLOW_MAX_PX) -> np.ndarray:
+def rgb_to_flow(rgb: np.ndarray, max_px: float = FLOW_MAX_PX, chunk: int = 1 << 15) -> np.ndarray:
     """The inverse of `flow_to_rgb`: RGB (..., H, W, 3), uint8 or float in [0, 255] → flow in
     pixels (..., H, W, 2), float32. Exact for unquantised colours on the wheel; a generated colour
     off the wheel maps to its nearest wheel colour."""
@@ -105,14 +105,22 @@ def rgb_to_flow(rgb: np.ndarray, max_px: float = FLOW_MAX_PX) -> np.ndarray:
     c = c.reshape(-1, 3)
     r = (1.0 - c).max(-1)
     on_wheel = 1.0 - (1.0 - c) / np.maximum(r, 1e-12)[:, None]
-    # nearest point on each wheel segment k → k+1 (the last one closing the loop at position n − 1)
+    # nearest point on each wheel segment k → k+1 (the last one closing the loop at position n − 1):
+    # with p the colour, a_k the segment's start and d_k = a_{k+1} − a_k, the projection is
+    # t_k = clip((p·d_k − a_k·d_k) / |d_k|²) and the squared distance |p − a_k|² − 2 t_k (p − a_k)·d_k
+    # + t_k² |d_k|²: two (pixels, 3) × (3, segments) products instead of a (pixels, segments, 3)
+    # array, in chunks, so a 33-frame video is a fraction of a second rather than tens
     n = len(WHEEL)
-    a, b = WHEEL[:-1], WHEEL[1:]  # segment k spans fk ∈ [k, k + 1], k < n − 1
-    ab = b - a
-    t = np.clip(((on_wheel[:, None] - a[None]) * ab[None]).sum(-1) / (ab * ab).sum(-1)[None], 0.0, 1.0)
-    dist = np.square(a[None] + t[..., None] * ab[None] - on_wheel[:, None]).sum(-1)
-    k = dist.argmin(-1)
-    fk = k + t[np.arange(len(k)), k]
+    a, d = WHEEL[:-1], WHEEL[1:] - WHEEL[:-1]
+    dd, ad, aa = (d * d).sum(-1), (a * d).sum(-1), (a * a).sum(-1)
+    fk = np.empty(len(c))
+    for i in range(0, len(c), chunk):
+        p = on_wheel[i:i + chunk]
+        pd, pa = p @ d.T, p @ a.T
+        t = np.clip((pd - ad) / dd, 0.0, 1.0)
+        dist = (p * p).sum(-1)[:, None] - 2.0 * pa + aa - 2.0 * t * (pd - ad) + t * t * dd
+        k = dist.argmin(-1)
+        fk[i:i + chunk] = k + t[np.arange(len(k)), k]
     angle = (fk / (n - 1) * 2.0 - 1.0) * np.pi  # = atan2(−v, −u)
     mag = r * max_px
     flow = np.stack([-mag * np.cos(angle), -mag * np.sin(angle)], -1)
