@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The synthetic recipe's stages within one lease (started by start.sh, detached). Env: STAGES (any
 # of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export
-# preencode4d world4d eval4d; AE4D=rgb: the 4D stages in the RGB autoencoder's latent space),
+# preencode4d world4d eval4d; AE4D=carried: they wait for an autoencoder4d a call carries),
 # DATA_SECONDS (data generation runs in the background for that long from its start), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
@@ -139,11 +139,12 @@ has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "di
 # three stages from the synthetic teacher, WORLD4D_SECONDS each, for each of WORLD4D_VARIANTS: joint,
 # independent), eval4d (each variant's stage-3 model on the held-out episodes, EVAL4D_FRAMES frames).
 W4V=${WORLD4D_VARIANTS:-joint}
-ae4d_or_rgb() {  # the 4D stages' autoencoder: this lease's autoencoder4d, else the committed one (waited
-                 # for like the other delivered weights); AE4D=rgb: the RGB autoencoder instead
+ae4d_or_rgb() {  # the 4D stages' autoencoder: this lease's autoencoder4d, else one a call carried (with
+                 # AE4D=carried waited for like the committed weights, so a later call may bring it),
+                 # else the RGB one
   [ -f weights/synthetic/autoencoder4d/config.json ] && return 0
-  [ "${AE4D:-}" = rgb ] || { use autoencoder4d; return 0; }
-  use autoencoder; log "AE4D=rgb: the 4D stages use the RGB autoencoder"
+  if [ "${AE4D:-}" = carried ] || [ -f init/autoencoder4d/config.json ]; then use autoencoder4d; return 0; fi
+  use autoencoder; log "no autoencoder4d: the 4D stages use the RGB autoencoder"
 }
 if has preencode4d; then
   ae4d_or_rgb
