@@ -101,6 +101,27 @@ def test_multislice_puts_data_across_slices():
         topology.make_mesh(tpu, sharding.MeshConfig(data=1, fsdp=-1))
 
 
+def test_world4d_train_step_compiles_with_its_depth_and_flow_batch():
+    """RynnWorld-4D's training step (configs/world4d_tiny.py) compiles for v5e:2x4 under FSDP, on
+    the batch its loss reads: the RGB, depth and flow latents with their first frames, each of the
+    clip's shape, split over the 8 chips."""
+    from rynn_jax.training import loss4d
+
+    cfg = config_lib.load_config("configs/world4d_tiny.py")
+    thw = cfg.data.synthetic_shape
+    (r,) = report.sweep(cfg, [topology.parse("v5e:2x4")], ["fsdp=-1"], ["train"], report.Plan(batch=8, thw=thw))
+    assert r["status"] == "fits" and r["memory"]["argument"] > 0 and r["memory"]["temp"] > 0, r
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=-1), topology.devices(topology.parse("v5e:2x4")))
+    (p,) = programs.train(cfg, mesh, 8, thw)
+    batch = p.args[1]
+    assert set(batch) == set(loss4d.TRAIN_KEYS) and {"depth_latents", "flow_img_latent"} <= set(batch)
+    c = cfg.model.base.in_channels
+    for k in ("video_latents", "depth_latents", "flow_latents"):
+        assert batch[k].shape == (8, *thw, c) and batch[k].sharding.shard_shape(batch[k].shape)[0] == 1, k
+    for k in ("img_latent", "depth_img_latent", "flow_img_latent"):
+        assert batch[k].shape == (8, 1, *thw[1:], c), k
+
+
 def test_serve_program_shards_params_by_the_rules():
     cfg = _recipe([])
     mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=1, tensor=2), topology.devices(topology.parse("v5e:2x4"))[:2])

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rynn_jax import sharding
 from rynn_jax.models.dit import WanDiT, WanDiTConfig, unrolled
+from rynn_jax.models.dit4d import WanDiT4DConfig
 from rynn_jax.training import metrics as metrics_lib
 
 CLIP_THW = (21, 30, 52)  # 81 frames at 480×832 → 21 × 30 × 52 latents = 8190 tokens
@@ -51,25 +52,38 @@ def bytes_per_chip(tree: Any) -> int:
                    for a in jax.tree.leaves(tree)))
 
 
-def clip_batch(model: WanDiTConfig, batch: int, thw: tuple[int, int, int], mesh: Mesh) -> dict:
-    """The training batch (`input.TRAIN_KEYS`) as abstract arrays, sharded as the steps shard it."""
+def _dit(model: WanDiTConfig | WanDiT4DConfig) -> WanDiTConfig:
+    """The DiT config that sets the latent shapes (RynnWorld-4D: its branches' shared base)."""
+    return model.base if isinstance(model, WanDiT4DConfig) else model
+
+
+def clip_batch(model: WanDiTConfig | WanDiT4DConfig, batch: int, thw: tuple[int, int, int], mesh: Mesh,
+               keys: tuple[str, ...] | None = None) -> dict:
+    """The training batch the loss reads (`keys`, default `input.TRAIN_KEYS`; RynnWorld-4D's
+    `input.train_keys` add the depth and flow latents) as abstract arrays, sharded as the steps
+    shard it."""
     from rynn_jax.training import input as input_lib
     from rynn_jax.training import step as step_lib
 
-    c_ctrl = model.control_channels if model.control != "none" else model.in_channels
-    shapes = {"video_latents": (batch, *thw, model.in_channels), "control_video_latents": (batch, *thw, c_ctrl),
-              "img_latent": (batch, 1, *thw[1:], model.in_channels),
-              "text_embedding": (batch, model.text_len, model.text_dim)}
-    assert set(shapes) == set(input_lib.TRAIN_KEYS), "training batch keys changed"
+    m = _dit(model)
+    c_ctrl = m.control_channels if m.control != "none" else m.in_channels
+    clip, first = (batch, *thw, m.in_channels), (batch, 1, *thw[1:], m.in_channels)
+    shapes = {"video_latents": clip, "control_video_latents": (batch, *thw, c_ctrl), "img_latent": first,
+              "depth_latents": clip, "depth_img_latent": first, "flow_latents": clip, "flow_img_latent": first,
+              "text_embedding": (batch, m.text_len, m.text_dim)}
+    keys = input_lib.TRAIN_KEYS if keys is None else keys
+    assert set(keys) <= set(shapes), f"training batch keys changed: {sorted(set(keys) - set(shapes))}"
+    shapes = {k: shapes[k] for k in keys}
     sh = step_lib.batch_shardings(mesh, shapes)
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sh[k]) for k, v in shapes.items()}
 
 
-def _work(model: WanDiTConfig, batch: int, thw: tuple[int, int, int], forwards: float) -> dict:
-    pt, ph, pw = model.patch_size
-    tokens = (thw[0] // pt) * (thw[1] // ph) * (thw[2] // pw)
+def _work(model: WanDiTConfig | WanDiT4DConfig, batch: int, thw: tuple[int, int, int], forwards: float) -> dict:
+    pt, ph, pw = _dit(model).patch_size
+    per_frame = (thw[1] // ph) * (thw[2] // pw)
+    tokens = (thw[0] // pt) * per_frame
     return {"batch": batch, "latent_thw": list(thw), "tokens": batch * tokens,
-            "model_flops": forwards * batch * tokens * metrics_lib.model_flops_per_token(model, tokens)}
+            "model_flops": forwards * batch * tokens * metrics_lib.model_flops_per_token(model, tokens, per_frame)}
 
 
 def train(cfg, mesh: Mesh, batch: int, thw: tuple[int, int, int]) -> list[Program]:
@@ -77,10 +91,12 @@ def train(cfg, mesh: Mesh, batch: int, thw: tuple[int, int, int]) -> list[Progra
     from rynn_jax.training import state as state_lib
     from rynn_jax.training import step as step_lib
 
+    from rynn_jax.training import input as input_lib
+
     tx = optim.make_optimizer(cfg.optim, cfg.total_steps)
     abs_state, shardings = state_lib.state_shardings(cfg, tx, mesh)
     graphdef = state_lib.split_model(state_lib.abstract_model(cfg), cfg)[0]
-    data = clip_batch(cfg.model, batch, thw, mesh)
+    data = clip_batch(cfg.model, batch, thw, mesh, input_lib.train_keys(cfg))
     jitted = step_lib.jitted_step(cfg, graphdef, tx, mesh, shardings, data)
     return [Program("train", jitted, (abstract(abs_state, shardings), data), mesh, cfg.mesh.rules,
                     info=_work(cfg.model, batch, thw, 3.0))]
