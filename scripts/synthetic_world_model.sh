@@ -72,9 +72,10 @@ stage_autoencoder() {
   $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae${SUFFIX}.py" ${AE_STEPS:+--set total_steps=$AE_STEPS}
 }
 
-stage_autoencoder4d() {  # the committed autoencoder fine-tuned on RGB, skeleton, depth and flow videos
-  log "autoencoder4d"
-  limited "${AE4D_SECONDS:-}" $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae4d.py" \
+stage_autoencoder4d() {  # the committed autoencoder fine-tuned on depth and flow videos too (AE4D_VARIANT=frozen:
+                         # its decoder only, the latents stay the RGB autoencoder's; configs/synthetic_ae4d.py)
+  log "autoencoder4d ${AE4D_VARIANT:-}"
+  limited "${AE4D_SECONDS:-}" $PY "$REPO/train.py" --config "$REPO/configs/synthetic_ae4d.py${AE4D_VARIANT:+:$AE4D_VARIANT}" \
       ${AE4D_STEPS:+--set total_steps=$AE4D_STEPS} ${AE4D_ARGS:-}
 }
 

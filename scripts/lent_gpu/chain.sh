@@ -95,8 +95,9 @@ if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and 
     $S autoencoder4d > out/autoencoder4d.log 2>&1
   log "autoencoder4d rc=$?"
   [ -f weights/synthetic/autoencoder4d/config.json ] || {
-    python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae4d.py" \
-      --out weights/synthetic/autoencoder4d >> out/autoencoder4d.log 2>&1
+    python3 -m "rynn_jax.training.$([ -n "${AE4D_VARIANT:-}" ] && echo decoder || echo autoencoder)" export \
+      --config "$REPO/configs/synthetic_ae4d.py${AE4D_VARIANT:+:$AE4D_VARIANT}" --out weights/synthetic/autoencoder4d \
+      >> out/autoencoder4d.log 2>&1
     log "autoencoder4d export rc=$?"; }
   finished autoencoder4d
 fi

@@ -4,7 +4,6 @@
 # the live server imports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-grep -qx '/.whl/' .git/info/exclude || printf '/.whl/\n/.gl/\n' >> .git/info/exclude
 mkdir -p .whl .gl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
