@@ -63,6 +63,25 @@ def test_pack_sends_each_finished_network_once_and_keeps_4d_stages_1_and_2(tmp_p
     assert sent == ["world4d_stage3"]
 
 
+def test_pack_defers_a_network_over_what_a_call_returns_to_the_next_call(tmp_path):
+    # PACK_MIB=3 (1 MiB of it kept free): two networks of 0.8 MiB fit beside the logs, the third waits for the next call
+    # (a network cut off mid-tar would arrive as a piece without its rest, and be marked sent)
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "out" / "chain.log").write_text("[t=1s] start\n[t=9s] ALLDONE\n")
+    weights = work / "weights" / "synthetic"
+    for name in ("a", "b", "c"):
+        _net(weights, name, os.urandom(800 * 1024))
+    os.environ["PACK_MIB"] = "3"
+    try:
+        out, sent = _pack(work, tmp_path / "call1")
+        assert sent == ["a", "b"] and "not packed in this call (over what a call returns): c" in out
+        _, sent = _pack(work, tmp_path / "call2")
+        assert sent == ["c"]
+    finally:
+        del os.environ["PACK_MIB"]
+
+
 def test_deliver_copies_weights_and_eval_packages_once(tmp_path):
     repo, work = tmp_path / "repo", tmp_path / "work"
     _net(repo / "weights" / "synthetic", "autoencoder4d", b"w")

@@ -7,7 +7,8 @@
 #                 it has ended; before that, when a training run has a checkpoint newer than the last
 #                 packed one, its EMA exported to interim/ (teacher, distilled student), and each
 #                 network whose stage has ended (chain.sh's "finished NET": autoencoder, autoencoder4d,
-#                 the decoders);
+#                 the decoders), as many whole networks as fit in what the call returns (the rest
+#                 next call);
 #   eval.tar.*    eval/ (the eval4d stage's metrics, reports, plots, the first episode's frame strip per
 #                 task; no videos) whenever a metrics.json is new;
 #   policy.tar.*  out/policy without the videos (success table, trials.jsonl, 6-frame strips), whenever
@@ -82,6 +83,17 @@ if [ -n "$new" ]; then
     changed "$d" && [ "$(cat ".sent_$n" 2>/dev/null)" != "$(digest "$d")" ] && nets+=("$n")
   done
 fi
+# what fits beside the other pieces of this call (a call returns 8 files, 64 MiB together; PACK_MIB for
+# tests); the rest is sent by the next call, since only what was packed is marked sent
+room=$(( ${PACK_MIB:-64} * 1048576 - $(cat "$OUT"/* 2>/dev/null | wc -c) - 1048576 )) slots=$(( 8 - $(ls "$OUT" | wc -l) ))
+fit=() size=0
+for n in "${nets[@]}"; do
+  s=$(( $(du -sb "$src/$n" | cut -f1) + 65536 ))  # + tar headers
+  if [ $(( size + s )) -le "$room" ] && [ $(( (size + s + 15728639) / 15728640 )) -le "$slots" ]; then
+    fit+=("$n") size=$(( size + s ))
+  else echo "not packed in this call (over what a call returns): $n; the next call sends it"; fi
+done
+nets=("${fit[@]}")
 if [ ${#nets[@]} -gt 0 ]; then
   tar cf /tmp/weights.tar --transform "s|^|weights/synthetic/|" -C "$src" "${nets[@]}" &&
     rm -f "$OUT"/weights.tar.* && split -b 15M -d /tmp/weights.tar "$OUT/weights.tar." &&
