@@ -4,7 +4,8 @@
 # preencode4d world4d eval4d; AE4D=carried: they wait for an autoencoder4d a call carries),
 # DATA_SECONDS (data generation runs in the background for that long from its start), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
-# DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop), AE_INIT / TEACHER_INIT
+# DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop; KILL_AFTER seconds later, default
+# 300, a run still going is killed), AE4D_VARIANT (frozen: configs/synthetic_ae4d.py:frozen), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
 # see deliver.sh), STUDENT_INIT (an exported student phase B continues from; phase A is skipped),
 # PREENCODE_WORKERS, INIT_WAIT, AE_ARGS / TEACHER_ARGS (more train.py flags, e.g.
@@ -72,6 +73,10 @@ stop_data() {  # after the watchdog: generation has ended (finished, or stopped 
 await_episodes() {  # a training stage starts once AE_START_EPISODES exist (or generation has ended)
   while [ "$(count)" -lt "${AE_START_EPISODES:-150}" ] && [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; do sleep 10; done
 }
+stop_after() {  # stop_after SECONDS CMD...: SIGINT after SECONDS (the run saves, exports and exits 0), killed
+                # KILL_AFTER seconds later if still running (as synthetic_world_model.sh's limited)
+  timeout --signal=INT --kill-after="${KILL_AFTER:-300}" "$@"
+}
 finished() {  # finished NET: weights/synthetic/NET is complete; pack.sh brings it back before ALLDONE
   [ -f "weights/synthetic/$1/config.json" ] && log "finished $1"
 }
@@ -80,7 +85,7 @@ if has autoencoder; then
   [ -z "${AE_INIT:-}" ] || need "$AE_INIT"
   log "autoencoder starts with $(count) episodes"
   init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
-  timeout --signal=INT --kill-after=240 "${AE_SECONDS:-900}" \
+  stop_after "${AE_SECONDS:-900}" \
     python3 "$REPO/train.py" --config "$REPO/configs/synthetic_ae.py" --set data.worker_count=12 $init ${AE_ARGS:-} > out/autoencoder.log 2>&1
   log "autoencoder rc=$?"
   [ -f weights/synthetic/autoencoder/config.json ] || {
@@ -105,7 +110,7 @@ if has decoder; then  # decoders of the committed latent space, encoder frozen: 
   await_episodes
   use autoencoder
   for v in ${DECODERS:-tae}; do
-    timeout --signal=INT --kill-after=120 "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
+    stop_after "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
       --config "$REPO/configs/synthetic_decoder.py:$v" --set data.worker_count=12 ${DECODER_ARGS:-} > "out/decoder_$v.log" 2>&1
     log "decoder $v rc=$?"
     out=weights/synthetic/tiny_decoder; [ "$v" = vae ] && out=weights/synthetic/autoencoder_decoder_tuned
@@ -125,7 +130,7 @@ fi
 if has teacher; then
   [ -z "${TEACHER_INIT:-}" ] || need "$TEACHER_INIT"
   init=${TEACHER_INIT:+--set ckpt.init_from=$TEACHER_INIT}
-  timeout --signal=INT --kill-after=120 "${TEACHER_SECONDS:-600}" \
+  stop_after "${TEACHER_SECONDS:-600}" \
     python3 "$REPO/train.py" --config "$REPO/configs/synthetic_teacher.py" $init ${TEACHER_ARGS:-} > out/teacher.log 2>&1
   log "teacher rc=$?"
 fi
@@ -198,7 +203,7 @@ if has policy; then
     [[ $n == *world4d* ]] && [ -z "${POLICY_CACHE:-}" ] && [ "$cache" -gt 300 ] && cache=300
     args+=(--set "data.train_dirs=('data/sim/*/episode_*',)" --set "data.cache_episodes=$cache" --set "ckpt.dir=$run/ckpt"
            --set "log.dir=$run/logs" --set "export_dir=$run/export")
-    timeout --signal=INT --kill-after=120 "${POLICY_SECONDS:-600}" \
+    stop_after "${POLICY_SECONDS:-600}" \
       python3 -m rynn_jax.policy.train --config "$(pol_config "$r")" "${args[@]}" ${POLICY_ARGS:-} > "out/policy_$n.log" 2>&1
     log "policy $n rc=$? (124: stopped at ${POLICY_SECONDS:-600} s by SIGINT, which saves and exports)"
     step=$(ls "$run/ckpt" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)
