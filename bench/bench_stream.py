@@ -253,11 +253,14 @@ def main() -> None:
     p.add_argument("--clean-pass", choices=["merged", "sequential"], default="merged",
                    help="merged (as served, StepConfig.merge_clean_pass): each block's clean cache pass runs in "
                         "one forward with the next block's first denoising pass; sequential: in turn")
-    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache", "decoder"], default=None,
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising passes per block (default: the served student's, SERVING_STEPS.num_steps = 4)")
+    p.add_argument("--ab", choices=["merge", "fp8-static", "working-cache", "decoder", "steps"], default=None,
                    help="time two variants in one process, taking turns chunk by chunk: 'merge' = without / "
                         "with the merged clean pass; 'fp8-static' (needs --fp8) = per-token / static activation scales; "
                         "'working-cache' = every pass copying the cache / one working copy per block; 'decoder' = "
-                        "the VAE's decoder / the tiny decoder (--decoder tae's)")
+                        "the VAE's decoder / the tiny decoder (--decoder tae's); 'steps' = the served passes per block / "
+                        "--steps passes")
     p.add_argument("--precompile", action="store_true",
                    help="StreamingSession.compile() before start (reported as precompile_s: every program "
                         "compiled and run once on zeros): the first blocks then neither compile nor load anything")
@@ -278,6 +281,10 @@ def main() -> None:
         if "--decoder" in sys.argv:
             p.error("--ab decoder times both decoders; leave out --decoder")
         a.decoder = "tae"  # builds the tiny decoder; the VAE's is the baseline
+    if a.ab == "steps" and a.steps is None:
+        p.error("--ab steps times the served passes per block against --steps N: give --steps")
+    if a.steps is not None and a.steps < 1:
+        p.error("--steps must be ≥ 1")
     if a.ab == "merge" and "--clean-pass" in sys.argv:
         p.error("--ab merge times both clean passes; leave out --clean-pass")
     if a.tiny and a.synthetic:
@@ -372,8 +379,9 @@ def main() -> None:
 
     decoder = tiny_ae if a.decoder == "tae" else vae
 
-    def make_session(model, merge: bool, working_cache: bool = True, decoder=decoder):
-        scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=merge, working_cache=working_cache)
+    def make_session(model, merge: bool, working_cache: bool = True, decoder=decoder, num_steps=a.steps):
+        scfg = dataclasses.replace(SERVING_STEPS, merge_clean_pass=merge, working_cache=working_cache,
+                                   num_steps=num_steps or SERVING_STEPS.num_steps)
         return StreamingSession(model, vae, CausalConfig(), scfg,
                                 unroll_layers=not a.no_unroll, encoder=tiny_ae if a.encoder == "tae" else None,
                                 decoder=decoder)
@@ -386,6 +394,9 @@ def main() -> None:
         variants = {"cache copied every pass": (dit, merged, False), "working cache per block": (dit, merged, True)}
     elif a.ab == "decoder":
         variants = {"vae decoder": (dit, merged, True, vae), "tiny decoder": (dit, merged, True, tiny_ae)}
+    elif a.ab == "steps":
+        variants = {f"{SERVING_STEPS.num_steps} steps": (dit, merged, True, decoder, SERVING_STEPS.num_steps),
+                    f"{a.steps} steps": (dit, merged, True, decoder, a.steps)}
     elif a.ab == "fp8-static":
         variants = {"fp8 per-token scales": (dit_per_token, merged),
                     "fp8 static scales": (dit, merged)}

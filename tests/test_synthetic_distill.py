@@ -209,3 +209,28 @@ def test_demos_default_to_the_bundled_student(recipe, tmp_path, monkeypatch):
     sample = demo.run(tmp_path / "sample", num_frames=9)
     assert sample["weights"] == "bundled student" and sample["resolution"] == [32, 64] and sample["frames"] == 9
     assert sample["sampling"]["student"]["chunk_frames"] == 21
+
+
+def test_steps_flag_streams_the_student_with_fewer_passes(recipe, tmp_path, monkeypatch):
+    """`serve.py demo --steps 3`: the student streams 3 denoising passes per block on the schedule
+    recomputed at its shift, reported in the summary; other weights and no flag are left alone."""
+    from rynn_jax.serving.assemble import Weights
+    from rynn_jax.serving.block_step import step_schedule
+
+    monkeypatch.setenv(WEIGHTS_ENV, str(recipe["weights"]))
+    w = choose_weights(None, None)
+    three = w.with_student_steps(3)
+    assert three.spec.steps.num_steps == 3 and w.spec.steps.num_steps == 4
+    assert dataclasses.replace(three.spec.steps, num_steps=4) == w.spec.steps and three.spec.causal == w.spec.causal
+    assert w.with_student_steps(None) is w and Weights(None, None, None, "tiny").with_student_steps(3).spec is None
+    with pytest.raises(UserError, match="--steps must be ≥ 1"):
+        w.with_student_steps(0)
+    timesteps, sigmas = step_schedule(three.spec.steps)
+    k = three.spec.steps.shift  # σ' = kσ / (1 + (k − 1)σ) at σ = 1, 2/3, 1/3, then 0
+    np.testing.assert_allclose(sigmas, [1.0] + [k * u / (1 + (k - 1) * u) for u in (2 / 3, 1 / 3)] + [0.0],
+                               rtol=5e-4)  # on the 1000-step timestep grid (σ₀ = 0.9998)
+    runs = {n: demo.run(tmp_path / str(n), num_frames=9, steps=n) for n in (None, 3)}
+    assert runs[None]["sampling"]["student"]["steps"]["num_steps"] == 4
+    assert runs[3]["sampling"]["student"]["steps"]["num_steps"] == 3
+    with np.load(tmp_path / "None" / "episode.npz") as a, np.load(tmp_path / "3" / "episode.npz") as b:
+        assert a["frames"].shape == b["frames"].shape and np.abs(a["frames"].astype(int) - b["frames"]).max() > 0

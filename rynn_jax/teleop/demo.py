@@ -55,6 +55,7 @@ from rynn_jax.teleop.inputs import IMAGE_FILE, SAMPLE_DIR, STREAM_FILE, read_ref
 from rynn_jax.text import empty_context, load_text_context
 
 TEACHER = "bundled teacher"  # run_sim's label for the bundled teacher standing in for a student
+TEACHER_STEPS = 8  # --steps' default for a teacher (bidirectional sampler steps)
 
 
 def reference_scene(height: int = 480, width: int = 832, seed: int = 0) -> np.ndarray:
@@ -86,7 +87,7 @@ def check_clip_frames(num_frames: int) -> None:
                                 fix=f"e.g. --frames {1 + 4 * max(1, round((num_frames - 1) / 4))}")
 
 
-def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
+def run(out: Path, *, num_frames: int = 17, steps: int | None = None, seed: int = 0, sample_dir: Path = SAMPLE_DIR,
         dit: str | None = None, vae: str | None = None, text: str | None = None, fp8: bool = False,
         fp8_scales: str | None = None, vae_fp8_scales: str | None = None,
         resolution: tuple[int, int] | None = None, random_weights: bool = False, tae: str | None = None) -> dict:
@@ -104,7 +105,7 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
     streams.check(stream, str(sample_dir / STREAM_FILE))
     reference = read_reference(sample_dir / IMAGE_FILE)
     t_video = video_times(stream, num_frames)
-    weights = choose_weights(dit, vae, random_weights)
+    weights = choose_weights(dit, vae, random_weights).with_student_steps(steps)
     if tae is not None and weights.spec is None:
         raise errors.UsageError("--tae / --decoder tiny: decode a streamed student's rollout; these weights are "
                                 "not a student")
@@ -150,8 +151,9 @@ def run(out: Path, *, num_frames: int = 17, steps: int = 8, seed: int = 0, sampl
         sampling = {"student": student_lib.StudentSpec.to_json(weights.spec)}
         video = rollout(model, reference[None], skeleton[None], np.asarray(context)[None], jax.random.key(seed))[0]
     else:
-        sampling = dataclasses.asdict(SamplingConfig(num_steps=steps))
-        video = model.generate(jax.random.key(seed), reference, skeleton, context, SamplingConfig(num_steps=steps))
+        sampling = dataclasses.asdict(SamplingConfig(num_steps=steps or TEACHER_STEPS))
+        video = model.generate(jax.random.key(seed), reference, skeleton, context,
+                               SamplingConfig(num_steps=steps or TEACHER_STEPS))
     done("world model")
 
     stage("write")
@@ -192,9 +194,10 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
             height: int | None = None, width: int | None = None, episode_frames: int | None = None,
             dit: str | None = None, vae: str | None = None, fp8: bool = False, tae: str | None = None,
             fp8_scales: str | None = None, vae_fp8_scales: str | None = None, random_weights: bool = False,
-            steps: int = 8) -> dict:
+            steps: int | None = None) -> dict:
     """Demo v0 on the synthetic world: one generated episode → causal rollout from its first frame
-    (the bundled teacher, until a student is bundled: `steps` sampler steps over 1 + 4k frames).
+    (a teacher: `steps` sampler steps over 1 + 4k frames, default 8; a student streams `steps`
+    denoising passes per block, default its own).
     `height`/`width` default to the bundled weights' training size (the tiny networks: 96×160).
     `episode_frames` (default: the sim's 113) shortens the episode (its script is time-compressed,
     so it may fail its goal check; the demo reports that and carries on). `tae`: a tiny autoencoder
@@ -202,7 +205,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     tiny decoder's directory: `assemble.decoder_checkpoint`).
     Bundled weights were trained with the task's hashed prompt (`rynn_jax.text`) and get it here."""
     check_model_flags(dit=dit, vae=vae, fp8=fp8, fp8_scales=fp8_scales, vae_fp8_scales=vae_fp8_scales, tae=tae)
-    weights = sim_weights(dit, vae, random_weights)
+    weights = sim_weights(dit, vae, random_weights).with_student_steps(steps)
     teacher = weights.label == TEACHER
     if teacher and tae is not None:
         raise errors.UsageError("--tae: decodes a streamed student's rollout; the bundled teacher has none",
@@ -256,6 +259,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     bar.update()
     t = time.perf_counter()
     if teacher:
+        steps = steps or TEACHER_STEPS
         bar.set_postfix_str(f"teacher: {steps} sampler steps")
         n = 1 + 4 * ((min(num_frames, len(ep.rgb)) - 1) // 4)
         video = session.generate(jax.random.key(seed), ep.rgb[0], ep.skeleton_rgb[:n], ctx,
@@ -320,7 +324,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="outputs/demo", help="output directory (created)")
     p.add_argument("--frames", type=int, default=None,
                    help="video frames, 1 + 4k (81 = one paper chunk; default 17, --world sim 49)")
-    p.add_argument("--steps", type=int, default=8, help="sampler steps (the reference uses 50)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"a teacher's sampler steps (default {TEACHER_STEPS}; the reference uses 50), or a streamed "
+                        "student's denoising passes per block (default: its own, 4 for the bundled one; 3 streams "
+                        "faster at the same held-out PSNR, docs/PERFORMANCE.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="noise and tiny-model init; --world sim: also the episode's (default "
                         f"{recipe.HELDOUT_SEED}, the synthetic recipes' first held-out seed; else 0)")
