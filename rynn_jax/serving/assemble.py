@@ -43,7 +43,7 @@ class Weights:
     def with_student_steps(self, num_steps: int | None) -> Weights:
         """A student streamed with `num_steps` denoising passes per block instead of its own (the
         x0-Euler schedule recomputed at its shift): the bundled 4-step student keeps its held-out
-        PSNR at 3 and streams faster (docs/PERFORMANCE.md). Other weights, or None: unchanged."""
+        PSNR at 3 and 2 and streams faster (docs/PERFORMANCE.md). Other weights, or None: unchanged."""
         if num_steps is None or self.spec is None:
             return self
         if num_steps < 1:

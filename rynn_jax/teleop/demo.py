@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="video frames, 1 + 4k (81 = one paper chunk; default 17, --world sim 49)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"a teacher's sampler steps (default {TEACHER_STEPS}; the reference uses 50), or a streamed "
-                        "student's denoising passes per block (default: its own, 4 for the bundled one; 3 streams "
+                        "student's denoising passes per block (default: its own, 4 for the bundled one; 2 streams "
                         "faster at the same held-out PSNR, docs/PERFORMANCE.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="noise and tiny-model init; --world sim: also the episode's (default "
