@@ -3,6 +3,10 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The TPU ahead-of-time tests describe a TPU slice through libtpu, which by default lets one process
+# hold it (/tmp/libtpu_lockfile): pytest-xdist's workers all import test_aot.py at collection, and the
+# one that lost the race skipped every AOT test. No TPU is opened here, so sharing is safe.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Headless MuJoCo rendering (Debian's libosmesa6, installed by .ci/run); read when mujoco is imported.
 os.environ.setdefault("MUJOCO_GL", "osmesa")
 # Hermetic defaults: without --dit/--vae the commands use tiny random networks, whether or not trained

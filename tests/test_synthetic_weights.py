@@ -82,6 +82,29 @@ def test_student_beats_copy_first_frame_once_the_arms_move(student_scores):
     assert gain >= STUDENT_GAIN_DB, f"student − copy-first-frame on frames 12..80: {gain:.2f} dB"
 
 
+@pytest.fixture(scope="module")
+def student_2pass_scores(text_dir, tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
+    """The bundled student with 2 denoising passes per block (`--steps 2`, the CPU real-time setting):
+    a copy of its directory whose student.json says so."""
+    import shutil
+
+    dit = tmp_path_factory.mktemp("student_2pass") / "student"
+    shutil.copytree(WEIGHTS / "student", dit)
+    spec = json.loads((dit / "student.json").read_text())
+    spec["steps"]["num_steps"] = 2
+    (dit / "student.json").write_text(json.dumps(spec))
+    return _evaluate(tmp_path_factory.mktemp("student_2pass_eval"), model="student", dit=str(dit), frames=81,
+                     text_embeddings=str(text_dir))
+
+
+def test_student_keeps_its_psnr_at_two_passes_per_block(student_scores, student_2pass_scores):
+    """PERFORMANCE.md's real-time CPU setting: 2 passes per block score as 4 (8 held-out episodes:
+    23.72 vs 23.61 dB); here, frames 1..80 of the two episodes, within 0.5 dB of the 4-pass stream."""
+    for name, s in student_scores.items():
+        four, two = s["model"][1:].mean(), student_2pass_scores[name]["model"][1:].mean()
+        assert abs(two - four) < 0.5, (name, two, four)
+
+
 def test_student_follows_its_skeleton(student_scores):
     drop = np.mean([s["model"][MOVING].mean() - s["model_swapped"][MOVING].mean() for s in student_scores.values()])
     assert drop >= STUDENT_SWAP_DB, f"student's PSNR drop with the next episode's skeleton on frames 12..80: {drop:.2f} dB"

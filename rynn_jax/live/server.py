@@ -553,10 +553,8 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--dit", default=None, help="converted DiT directory (with a control branch)")
     p.add_argument("--vae", default=None, help="converted VAE directory")
     p.add_argument("--tae", default=None, metavar="CKPT", help="decode with this official tiny autoencoder")
-    p.add_argument("--steps", type=int, default=None,
-                   help="a student's denoising passes per block (default: its own, 4 for the bundled one; 2 streams "
-                        "16.8 instead of 13.2 FPS on a 2-core CPU with the tiny decoder at the same held-out PSNR, "
-                        "docs/PERFORMANCE.md)")
+    p.add_argument("--steps", type=int, default=None, help="a student's denoising passes per block (default: its "
+                   "own; 2: a CPU's real-time setting, same held-out PSNR, docs/PERFORMANCE.md)")
     p.add_argument("--text", default=None, help="one precomputed umT5 embedding (.safetensors) for every prompt")
     p.add_argument("--text-embeddings", default=None, metavar="DIR",
                    help="prompts → DIR/<sha256(prompt)>.safetensors (data/README.md)")
@@ -566,10 +564,8 @@ def parser() -> errors.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, default=16 << 10, help="largest operator frame message")
     p.add_argument("--max-message-bytes", type=int, default=8 << 20, help="largest message (a start with a picture)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds without a message before closing")
-    p.add_argument("--max-wait", type=float, default=0.5,
-                   help="seconds a block waits for a late operator before holding its last pose")
-    p.add_argument("--replay-fps", type=float, default=16.0, help="MuJoCo replay frames per second per session "
-                   "(at most; behind: the newest tick)")
+    p.add_argument("--max-wait", type=float, default=0.5, help="seconds a block waits for a late operator's pose")
+    p.add_argument("--replay-fps", type=float, default=16.0, help="MuJoCo replays per second and session (at most)")
     p.add_argument("--compile-cache", default=None, metavar="DIR", help="persistent XLA compilation cache")
     return p
 
@@ -580,8 +576,8 @@ def check(a) -> None:
         raise errors.UsageError(f"--host {a.host}: binding beyond localhost needs a token",
                                 fix=f"pass --token or set {TOKEN_ENV}")
     if (a.max_sessions < 1 or not 0 <= a.port < 65536 or not a.max_fps > 0 or not a.idle_timeout > 0
-            or not a.replay_fps > 0):
-        raise errors.UsageError("--max-sessions ≥ 1, --port in 0..65535 (0: any free one), --max-fps, "
+            or not a.replay_fps > 0 or (a.steps is not None and a.steps < 1)):
+        raise errors.UsageError("--max-sessions and --steps ≥ 1, --port in 0..65535 (0: any free one), --max-fps, "
                                 "--idle-timeout and --replay-fps > 0")
     if a.resolution is not None:
         check_resolution(*a.resolution)
