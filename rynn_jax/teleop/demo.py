@@ -151,9 +151,9 @@ def run(out: Path, *, num_frames: int = 17, steps: int | None = None, seed: int 
         sampling = {"student": student_lib.StudentSpec.to_json(weights.spec)}
         video = rollout(model, reference[None], skeleton[None], np.asarray(context)[None], jax.random.key(seed))[0]
     else:
-        sampling = dataclasses.asdict(SamplingConfig(num_steps=steps or TEACHER_STEPS))
-        video = model.generate(jax.random.key(seed), reference, skeleton, context,
-                               SamplingConfig(num_steps=steps or TEACHER_STEPS))
+        sampling_cfg = SamplingConfig(num_steps=TEACHER_STEPS if steps is None else steps)
+        sampling = dataclasses.asdict(sampling_cfg)
+        video = model.generate(jax.random.key(seed), reference, skeleton, context, sampling_cfg)
     done("world model")
 
     stage("write")
@@ -259,7 +259,7 @@ def run_sim(out: Path, *, task: str = "dual_pick", num_frames: int = 49, seed: i
     bar.update()
     t = time.perf_counter()
     if teacher:
-        steps = steps or TEACHER_STEPS
+        steps = TEACHER_STEPS if steps is None else steps
         bar.set_postfix_str(f"teacher: {steps} sampler steps")
         n = 1 + 4 * ((min(num_frames, len(ep.rgb)) - 1) // 4)
         video = session.generate(jax.random.key(seed), ep.rgb[0], ep.skeleton_rgb[:n], ctx,

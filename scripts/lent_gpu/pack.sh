@@ -85,7 +85,7 @@ if [ -n "$new" ]; then
 fi
 # what fits beside the other pieces of this call (a call returns 8 files, 64 MiB together; PACK_MIB for
 # tests); the rest is sent by the next call, since only what was packed is marked sent
-room=$(( ${PACK_MIB:-64} * 1048576 - $(cat "$OUT"/* 2>/dev/null | wc -c) - 1048576 )) slots=$(( 8 - $(ls "$OUT" | wc -l) ))
+room=$(( ${PACK_MIB:-64} * 1048576 - $(du -sb "$OUT" | cut -f1) - 1048576 )) slots=$(( 8 - $(ls "$OUT" | wc -l) ))
 fit=() size=0
 for n in "${nets[@]}"; do
   s=$(( $(du -sb "$src/$n" | cut -f1) + 65536 ))  # + tar headers
