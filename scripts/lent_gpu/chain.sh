@@ -16,7 +16,8 @@
 # into data/sim: POLICY_EPISODES per task, POLICY_TASKS, POLICY_RESOLUTION), policy (POLICIES:
 # configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS,
 # into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and 8 % hold;
-# POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need, skipped without them;
+# POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need (skipped when unset; a path
+# such as init/world4d_stage3, which a later call may deliver, is awaited as `need` does);
 # POLICY_CACHE: episodes kept decoded, default all; POLICY_ARGS), policy_eval (POLICY_TRIALS
 # held-out trials per task, seeds 100000 +, in POLICY_EVAL_WORKERS processes; one table,
 # out/policy/success.md).
@@ -192,6 +193,7 @@ if has policy; then
     n=$(pol_name "$r"); run=runs/policy_$n; args=()
     if [[ $n == *world4d* ]]; then
       [ -n "${POLICY_DIT:-}" ] && [ -n "${POLICY_VAE:-}" ] || { log "policy $n skipped: POLICY_DIT / POLICY_VAE unset"; continue; }
+      need "$POLICY_DIT"; need "$POLICY_VAE"  # e.g. init/world4d_stage3: a later call may deliver them
       args+=(--set "policy.backbone.dit=$POLICY_DIT" --set "policy.backbone.vae=$POLICY_VAE")
     fi
     [ -z "${POLICY_STEPS:-}" ] || args+=(--set "total_steps=$POLICY_STEPS" --set "optim.warmup_steps=$((POLICY_STEPS / 50))"
