@@ -3,12 +3,15 @@ and the policy's backbone feature pass (blocks 0–15 at t = 500, features of al
 
     python bench/bench_world4d.py --out bench/results/world4d.json          # one H200
     python bench/bench_world4d.py --small                                  # CPU check of the script
+    python bench/bench_world4d.py --fp8 --out ...      # + the same passes with FP8 block linears, side by side
 
 Full size: 480×640 video, 81 frames → latents (21, 30, 40), 3 × 6,300 tokens; text 226 slots for
 the forward (the release pads prompts to 226), the first 32 for the feature pass (as the policy
 reads them). JA at blocks 0, 3, …, 27, within frames, RoPE on, bidirectional. Checks: outputs
 finite, features of the right shape, and the feature pass equal to the same blocks run by the
-forward's code (`WanDiT4D.hidden` with num_layers = 16).
+forward's code (`WanDiT4D.hidden` with num_layers = 16). `--fp8` adds both passes with the three branches'
+block linears as FP8 GEMMs (`models/fp8.quantize_dit`, the policy's `backbone.fp8`), timed in the same
+run, and checks their features within 10 % relative L2 of the bf16 ones.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main() -> None:
     parser.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
     parser.add_argument("--feature-layer", type=int, default=15, help="the policy's feature block (0-based)")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--fp8", action="store_true", help="also time both passes with FP8 block linears")
     parser.add_argument("--out", default="", help="results JSON")
     args = parser.parse_args()
 
@@ -76,10 +80,28 @@ def main() -> None:
     ref = np.asarray(block(hidden(state, z, t, ctx_policy)), np.float32)
     checks["features_match_hidden"] = bool(np.allclose(np.asarray(f, np.float32), ref, rtol=1e-3, atol=1e-3))
 
+    if args.fp8:
+        from rynn_jax.models.fp8 import quantize_dit
+
+        graphdef8, state8 = nnx.split(quantize_dit(model))
+        forward8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s)(*z, t, ctx))
+        features8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s).features(z, t, ctx, layer=feature_layer))
+        checks["fp8_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
+                                                for o in block(forward8(state8, z, t, ctx))))
+        rows["fp8_forward_ms"] = statistics.median(time_ms(lambda: block(forward8(state8, z, t, ctx)), 2, args.iters))
+        f8 = np.asarray(block(features8(state8, z, t, ctx_policy)), np.float32)
+        f32 = np.asarray(f, np.float32)
+        rows["fp8_features_rel_l2"] = float(np.linalg.norm(f8 - f32) / np.linalg.norm(f32))
+        checks["fp8_features_close"] = rows["fp8_features_rel_l2"] <= 0.1
+        rows["fp8_features_ms"] = statistics.median(
+            time_ms(lambda: block(features8(state8, z, t, ctx_policy)), 2, args.iters))
+
     result = {"device": str(jax.devices()[0]), "small": args.small, "tokens_per_branch": tokens,
               "params": param_count(cfg), "feature_layer": feature_layer, **rows, "checks": checks}
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
-          f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch; checks {checks}")
+          f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"
+          + (f"; fp8: forward {rows['fp8_forward_ms']:.1f} ms, features {rows['fp8_features_ms']:.1f} ms "
+             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if args.fp8 else "") + f"; checks {checks}")
     if args.out:
         write_json(args.out, result)
     if not all(checks.values()):
