@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +190,17 @@ def test_policy_config_round_trips_and_checks():
     with pytest.raises(ValueError, match="num_frames"):
         config_lib.PolicyConfig(encoder="cnn")  # 21 frames for a one-frame encoder
     assert math.prod(cfg.backbone.image_size) == 480 * 640
+
+
+def test_policy_inference_imports_no_data_readers():
+    """The control step (and bench/bench_policy.py) imports neither grain, PyAV nor MuJoCo, so it runs
+    where only jax/flax are installed; the action statistics' reader loads when they are read."""
+    code = ("import sys, rynn_jax.policy.inference, rynn_jax.policy.encoders, rynn_jax.policy.model, "
+            "rynn_jax.policy.normalize; print(sorted(m for m in ('grain', 'av', 'mujoco') if m in sys.modules))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_parallel_trials_equal_sequential(tmp_path):

@@ -15,25 +15,24 @@
   formats/      robot-layout episodes ↔ LeRobot v3 and RLDS (export CLI, LeRobotSource, RldsSource)
 """
 
-from rynn_jax.data.clips import ClipConfig, ClipRef
-from rynn_jax.data.egodex import EgoDexSource
-from rynn_jax.data.errors import SKIPPED, DataError
-from rynn_jax.data.pipeline import (
-                                    LoaderConfig,
-                                    batch_sharding,
-                                    device_iterator,
-                                    latent_dataset,
-                                    mixture,
-                                    pixel_dataset,
-                                    restore_state,
-                                    save_state,
-                                    to_device,
-)
-from rynn_jax.data.robot import RobotSource
-from rynn_jax.data.vitra import VitraSource
+import importlib
 
-__all__ = [
-    "ClipConfig", "ClipRef", "DataError", "EgoDexSource", "LoaderConfig", "RobotSource", "SKIPPED",
-    "VitraSource", "batch_sharding", "device_iterator", "latent_dataset", "mixture", "pixel_dataset",
-    "restore_state", "save_state", "to_device",
-]
+# Names re-exported here, imported on first use (PEP 562): importing one submodule (e.g. the action
+# statistics of robot.py for the policy) does not pull in grain and the readers' decoders.
+_EXPORTS = {
+    "ClipConfig": "clips", "ClipRef": "clips", "EgoDexSource": "egodex", "SKIPPED": "errors", "DataError": "errors",
+    "LoaderConfig": "pipeline", "batch_sharding": "pipeline", "device_iterator": "pipeline",
+    "latent_dataset": "pipeline", "mixture": "pipeline", "pixel_dataset": "pipeline", "restore_state": "pipeline",
+    "save_state": "pipeline", "to_device": "pipeline", "RobotSource": "robot", "VitraSource": "vitra",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
