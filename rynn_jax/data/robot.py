@@ -33,7 +33,6 @@ import pyarrow.parquet as pq
 
 from rynn_jax.data import clips as clips_lib
 from rynn_jax.data import skeleton as sk
-from rynn_jax.data import video as video_lib
 from rynn_jax.data.clips import ClipConfig, ClipRef
 from rynn_jax.data.errors import DataError
 from rynn_jax.data.source import ClipSource, Sample, check_finite, check_shape
@@ -159,6 +158,8 @@ class RobotSource(ClipSource):
         return {"fps": fps, "total_frames": total, "text": str(meta.get("task_description", ""))}
 
     def num_samples(self, episode: str) -> int:
+        from rynn_jax.data import video as video_lib  # PyAV: only where frames are read, not for the statistics
+
         meta = self._metadata(episode)
         info = video_lib.probe_video(self.path(episode, VIDEO_FILE))
         rows = pq.ParquetFile(self.path(episode, TIMESERIES_FILE)).metadata.num_rows \
@@ -179,6 +180,8 @@ class RobotSource(ClipSource):
         return self._metadata(ref.episode)["text"]
 
     def load(self, ref: ClipRef) -> Sample:
+        from rynn_jax.data import video as video_lib
+
         cfg = self.cfg
         meta = self._metadata(ref.episode)
         idx = clips_lib.resample_indices(ref.start, cfg.num_frames, meta["fps"], cfg.fps)

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from rynn_jax.data import robot
 from rynn_jax.data.errors import DataError
 
 
@@ -23,8 +24,6 @@ class ActionNormalizer:
     def from_file(cls, path: str | os.PathLike[str]) -> "ActionNormalizer":
         """`action_stats.json` (or the dataset root holding it); a missing or malformed file is a
         DataError naming it."""
-        from rynn_jax.data import robot  # the robot reader (PyAV, pyarrow): not needed to serve a policy
-
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, robot.STATS_FILE)
@@ -37,8 +36,6 @@ class ActionNormalizer:
         return cls(stats["mean"], np.maximum(stats["std"], cls.STD_FLOOR).astype(np.float32))
 
     def normalize(self, actions: np.ndarray) -> np.ndarray:
-        from rynn_jax.data import robot
-
         return robot.normalize_actions(np.asarray(actions, np.float32), {"mean": self.mean, "std": self.std}, "meanstd")
 
     def denormalize(self, z: np.ndarray) -> np.ndarray:
