@@ -15,11 +15,27 @@ from collections.abc import Callable
 import numpy as np
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def portable(value):
+    """`value` with every absolute path made machine-independent (results are committed): relative
+    to the repository when inside it, else the file's name alone (e.g. an output folder's)."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value) and "\n" not in value:
+        inside = os.path.commonpath([REPO, os.path.abspath(value)]) == REPO
+        return os.path.relpath(value, REPO) if inside else os.path.basename(value.rstrip("/"))
+    return value
+
+
 def write_json(path: str, payload: dict) -> None:
-    """The bench's results file (its folder created)."""
+    """The bench's results file (its folder created), with machine paths made portable."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
-        json.dump(payload, f, indent=1)
+        json.dump(portable(payload), f, indent=1)
 
 
 def time_ms(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from _harness import Checks  # noqa: E402
+from _harness import Checks, write_json  # noqa: E402
 
 # Fast XLA:CPU compiles for benches whose time on the tiny models is compiling (as the other
 # subprocess tests: test_train_resume, test_distill); not for runtime-bound ones (bench_dit).
@@ -29,6 +29,19 @@ def test_checks_catch_wrong_outputs():
     assert not c2.finite("nan", np.array([1.0, np.nan])) and not c2.ok
     with pytest.raises(SystemExit, match="nan"):
         c2.exit_if_failed()
+
+
+def test_results_hold_no_machine_paths(tmp_path):
+    """Committed results name files relative to the repository, or by name alone outside it."""
+    out = tmp_path / "r.json"
+    write_json(str(out), {"argv": ["--out", str(tmp_path / "o" / "x.json"), "--tae", str(ROOT / "weights" / "w")],
+                          "nested": {"dir": str(tmp_path) + "/"}, "ratio": 1.5, "text": "a/b"})
+    got = json.loads(out.read_text())
+    assert got == {"argv": ["--out", "x.json", "--tae", "weights/w"], "nested": {"dir": tmp_path.name},
+                   "ratio": 1.5, "text": "a/b"}
+    committed = [p.name for p in (ROOT / "bench" / "results").glob("*.json")
+                 if any(m in p.read_text() for m in ('"/root/', '"/work/', '"/tmp/', '"/home/'))]
+    assert committed == []
 
 
 def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
