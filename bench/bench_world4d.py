@@ -4,6 +4,7 @@ and the policy's backbone feature pass (blocks 0–15 at t = 500, features of al
     python bench/bench_world4d.py --out bench/results/world4d.json          # one H200
     python bench/bench_world4d.py --small                                  # CPU check of the script
     python bench/bench_world4d.py --fp8 --out ...      # + the same passes with FP8 block linears, side by side
+    python bench/bench_world4d.py --fp8 --fp8-static --out ...   # + FP8 with calibrated static activation scales
 
 Full size: 480×640 video, 81 frames → latents (21, 30, 40), 3 × 6,300 tokens; text 226 slots for
 the forward (the release pads prompts to 226), the first 32 for the feature pass (as the policy
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--feature-layer", type=int, default=15, help="the policy's feature block (0-based)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--fp8", action="store_true", help="also time both passes with FP8 block linears")
+    parser.add_argument("--fp8-static", action="store_true",
+                        help="and with static activation scales calibrated on 2 fresh inputs like the timed one")
     parser.add_argument("--out", default="", help="results JSON")
     args = parser.parse_args()
 
@@ -80,10 +83,11 @@ def main() -> None:
     ref = np.asarray(block(hidden(state, z, t, ctx_policy)), np.float32)
     checks["features_match_hidden"] = bool(np.allclose(np.asarray(f, np.float32), ref, rtol=1e-3, atol=1e-3))
 
-    if args.fp8:
+    if args.fp8 or args.fp8_static:
         from rynn_jax.models.fp8 import quantize_dit
 
-        graphdef8, state8 = nnx.split(quantize_dit(model))
+        q = quantize_dit(model)
+        graphdef8, state8 = nnx.split(q)
         forward8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s)(*z, t, ctx))
         features8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s).features(z, t, ctx, layer=feature_layer))
         checks["fp8_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
@@ -95,13 +99,36 @@ def main() -> None:
         checks["fp8_features_close"] = rows["fp8_features_rel_l2"] <= 0.1
         rows["fp8_features_ms"] = statistics.median(
             time_ms(lambda: block(features8(state8, z, t, ctx_policy)), 2, args.iters))
+    if args.fp8_static:
+        from rynn_jax.models.fp8 import calibrate
+
+        # calibrated with the forward (every block) on inputs drawn as the timed ones, other keys
+        fresh = [[jax.random.normal(jax.random.fold_in(key, 100 + 3 * k + i), z[0].shape, jnp.float32)
+                  for i in range(3)] for k in range(2)]
+        static = calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False)
+        graphdef_s, state_s = nnx.split(static)
+        forward_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(*z, t, ctx))
+        features_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s).features(z, t, ctx, layer=feature_layer))
+        checks["fp8_static_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
+                                                       for o in block(forward_s(state_s, z, t, ctx))))
+        rows["fp8_static_forward_ms"] = statistics.median(
+            time_ms(lambda: block(forward_s(state_s, z, t, ctx)), 2, args.iters))
+        fs = np.asarray(block(features_s(state_s, z, t, ctx_policy)), np.float32)
+        f32 = np.asarray(f, np.float32)
+        rows["fp8_static_features_rel_l2"] = float(np.linalg.norm(fs - f32) / np.linalg.norm(f32))
+        checks["fp8_static_features_close"] = rows["fp8_static_features_rel_l2"] <= 0.1
+        rows["fp8_static_features_ms"] = statistics.median(
+            time_ms(lambda: block(features_s(state_s, z, t, ctx_policy)), 2, args.iters))
 
     result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small, "tokens_per_branch": tokens,
               "params": param_count(cfg), "feature_layer": feature_layer, **rows, "checks": checks}
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
           f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"
           + (f"; fp8: forward {rows['fp8_forward_ms']:.1f} ms, features {rows['fp8_features_ms']:.1f} ms "
-             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if args.fp8 else "") + f"; checks {checks}")
+             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if "fp8_features_ms" in rows else "")
+          + (f"; fp8 static: forward {rows['fp8_static_forward_ms']:.1f} ms, features "
+             f"{rows['fp8_static_features_ms']:.1f} ms (rel. L2 {rows['fp8_static_features_rel_l2']:.3f})"
+             if args.fp8_static else "") + f"; checks {checks}")
     if args.out:
         write_json(args.out, result)
     if not all(checks.values()):

@@ -268,6 +268,64 @@ def _released_state_dict(cfg: WanDiT4DConfig, rng: np.random.Generator) -> dict[
     return sd
 
 
+def test_fp8_static_calibration_of_the_three_branches(monkeypatch):
+    """fp8.calibrate on the 4D model (static activation scales for the policy's FP8 backbone): each
+    branch's block linears get, per layer, the largest |input| they saw / 448 — the oracle records
+    it through fp8_matmul itself (a host callback per call inside the layer scan) and matches
+    layers by their kernels; the features stay as close to bf16 as the per-token model's; a pass
+    that never reaches a layer is an error naming it; the scales round-trip by name."""
+    from rynn_jax.models import fp8, fp8_linear
+
+    model = dit4d_from_params(CFG, _params(CFG, 8, joint_out=True))
+    q = fp8.quantize_dit(model)
+    batches = [_inputs(1), _inputs(2)]
+    run = lambda m, b: m(*b[0], b[1], b[2])  # noqa: E731  (the full forward: every block)
+    static = fp8.calibrate(q, run, batches, progress=False)
+    assert static.cfg.base.fp8_activations == "static" and q.cfg.base.fp8_activations == "per_token"
+    flat_q = flatten_params(nnx.to_pure_dict(nnx.state(q)), str_keys=False)
+    flat_s = flatten_params(nnx.to_pure_dict(nnx.state(static)), str_keys=False)
+    scales = {p for p in flat_s if p[-1] == "input_scale"}
+    assert set(flat_s) == set(flat_q) | scales and {p[0] for p in scales} == {"base", "depth", "flow"}
+
+    seen: list[tuple[np.ndarray, float]] = []
+    real = fp8_linear.fp8_matmul
+
+    def recording(x, w, w_scale, out_dtype, x_scale=None):  # inside the layer scan: a host callback
+        jax.debug.callback(lambda w, a: seen.append((np.asarray(w), float(a))), w,
+                           jnp.max(jnp.abs(x.astype(jnp.float32))))
+        return real(x, w, w_scale, out_dtype, x_scale)
+
+    monkeypatch.setattr(fp8_linear, "fp8_matmul", recording)
+    graphdef, state = nnx.split(q)
+    for b in batches:
+        jax.block_until_ready(jax.jit(lambda s, b: run(nnx.merge(graphdef, s), b))(state, b))
+    monkeypatch.undo()
+    n_layers, off_by_one = CFG.base.num_layers, 0
+    for path in scales:
+        kernels = np.asarray(flat_q[path[:-1] + ("kernel",)])
+        got = np.asarray(flat_s[path])[:, 0]
+        for i in range(n_layers):
+            want = max(a for w, a in seen if np.array_equal(w.view(np.uint8), kernels[i].view(np.uint8))) / 448
+            np.testing.assert_allclose(got[i], want, rtol=1e-5, err_msg=str((path, i)))
+            off_by_one += abs(got[(i + 1) % n_layers] / want - 1) > 1e-5
+    assert off_by_one >= 0.8 * len(scales) * n_layers  # the tolerance tells layers apart
+
+    z, t, ctx = _inputs(5)
+
+    def features(m):
+        graphdef, state = nnx.split(m)
+        return np.asarray(jax.jit(lambda s: nnx.merge(graphdef, s).features(z, t, ctx, layer=2))(state))
+
+    ref = features(model)
+    err, err_per_token = (float(np.linalg.norm(features(m) - ref) / np.linalg.norm(ref)) for m in (static, q))
+    assert 0 < err <= 1.5 * err_per_token and err <= 0.1, (err, err_per_token)
+    assert not any(getattr(m, "input_amax", None) is not None for _, m in nnx.iter_graph(q))  # q untouched
+    again = fp8.with_static_scales(q, fp8.static_scales(static))
+    assert np.array_equal(features(again), features(static))
+    with pytest.raises(ValueError, match=r"saw no input.*base\.blocks\.ffn_up\[layer 2\]"):
+        fp8.calibrate(q, lambda m, b: m.features(*b, layer=1), batches, progress=False)
+
+
 def test_released_deepspeed_checkpoint_loads_every_key(tmp_path, apply4d):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(8)

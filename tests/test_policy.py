@@ -192,6 +192,43 @@ def test_policy_config_round_trips_and_checks():
     assert math.prod(cfg.backbone.image_size) == 480 * 640
 
 
+def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
+    """backbone.fp8_scales: the per-token FP8 backbone calibrated on observations as the control step
+    builds them (World4DFeatures.calibrate_fp8; the toy backbone's third block is past the feature
+    layer, so it is not required), saved, and loaded by a policy config: its features are the
+    calibrated model's and stay near the float backbone's; fp8_scales without fp8 is refused."""
+    import dataclasses
+
+    from rynn_jax.models import fp8
+    from rynn_jax.policy.encoders import World4DFeatures
+
+    base = config_lib.PolicyConfig.tiny("world4d")
+    with_fp8 = lambda **kw: dataclasses.replace(base, backbone=dataclasses.replace(base.backbone, **kw))  # noqa: E731
+    rng = np.random.default_rng(3)
+    h, w = base.backbone.image_size
+    obs = lambda: (rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8), rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8),  # noqa: E731
+                   rng.standard_normal((1, base.head.goal_len, base.head.goal_dim)).astype(np.float32))
+    per_token = World4DFeatures(with_fp8(fp8=True))
+    static = per_token.calibrate_fp8([(*obs(), jax.random.key(k)) for k in range(2)])
+    assert static.cfg.base.fp8_activations == "static"
+    fp8.save_scales(tmp_path / "scales.safetensors", static)
+    loaded = World4DFeatures(with_fp8(fp8=True, fp8_scales=str(tmp_path / "scales.safetensors")))
+    rgb, depth, goal = obs()
+    key = jax.random.key(7)
+    feats = {name: np.asarray(jax.jit(enc.apply)(enc.params, rgb, depth, goal, key))
+             for name, enc in (("float", World4DFeatures(base)), ("per_token", per_token), ("static", loaded))}
+    want, got = fp8.static_scales(static), fp8.static_scales(nnx.merge(loaded._dit_def, loaded.params["dit"]))
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    z, t_bf = loaded.latents(loaded.params, rgb, depth, key)
+    np.testing.assert_allclose(feats["static"], np.asarray(jax.jit(
+        lambda: loaded.features(None, z, t_bf, goal, dit=static))()), rtol=1e-5, atol=1e-5)
+    err = {k: float(np.linalg.norm(feats[k] - feats["float"]) / np.linalg.norm(feats["float"]))
+           for k in ("per_token", "static")}
+    assert 0 < err["static"] <= max(0.1, 1.5 * err["per_token"]), err
+    with pytest.raises(ValueError, match="fp8_scales needs backbone.fp8"):
+        config_lib.BackboneConfig(dit="tiny", vae="tiny", fp8_scales="x.safetensors")
+
+
 def test_policy_inference_imports_no_data_readers():
     """The control step (and bench/bench_policy.py) imports neither grain, PyAV nor MuJoCo, so it runs
     where only jax/flax are installed; the action statistics' reader loads when they are read."""

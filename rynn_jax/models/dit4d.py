@@ -45,6 +45,7 @@ from flax import nnx
 
 from rynn_jax.models import build, rope
 from rynn_jax.models.dit import WanBlock, WanDiT, WanDiTConfig, attention, patch_embed_params, stacked, token_grid
+from rynn_jax.models.fp8_linear import Fp8InputAmax
 from rynn_jax.models.layers import linear, param, patchify_embed, rms_norm
 
 MODALITIES = ("rgb", "depth", "flow")
@@ -257,6 +258,10 @@ class WanDiT4D(nnx.Module):
         layer_xs = (tuple(jax.tree.map(lambda a: a[:n], s) for s in branch_states), jnp.asarray(slot_l[:n]))
         joint = nnx.split(self.joint) if self.joint is not None else None
         every_layer = len(cfg.joint_layers) == bcfg.num_layers
+        stacks = (base.blocks, self.depth.blocks, self.flow.blocks)
+        # FP8 calibration (fp8.calibrate): the blocks' linears record their largest input; a layer
+        # inside the scan is a copy, so each returns what it saw and it is written back below
+        observing = bool(jax.tree.leaves(nnx.state(base.blocks, Fp8InputAmax)))
 
         def joint_attention(xs: Latents, slot: jax.Array) -> Latents:
             graphdef, state = joint
@@ -278,9 +283,13 @@ class WanDiT4D(nnx.Module):
             text_kv = block.cross_attn.key_value(ctx_bsd)  # shared by the branches: computed once
             xs = tuple(blk.text_ffn_residual(x, None, tproj, num_frames, cross_kv=text_kv)
                        for blk, x in zip(blocks, xs))
-            return xs, None
+            return xs, (tuple(nnx.state(blk, Fp8InputAmax) for blk in blocks) if observing else None)
 
-        xs, _ = base.scan_blocks(layer, xs, layer_xs, num_layers=n)
+        xs, seen = base.scan_blocks(layer, xs, layer_xs, num_layers=n)
+        if observing:  # layers ≥ n ran no input and keep their value
+            for stack, got in zip(stacks, seen):
+                old = nnx.state(stack, Fp8InputAmax)
+                nnx.update(stack, jax.tree.map(lambda a, new: a.at[:n].set(new), old, got))
         return xs, temb, grid
 
 

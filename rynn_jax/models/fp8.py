@@ -56,6 +56,24 @@ def compiler_options(cfg: WanDiTConfig) -> dict | None:
     return FP8_COMPILER_OPTIONS if cfg.fp8 and jax.default_backend() == "gpu" else None
 
 
+def _is_4d(model: Any) -> bool:
+    from rynn_jax.models.dit4d import WanDiT4D  # dit4d imports the FP8 layer: not at module level
+
+    return isinstance(model, WanDiT4D)
+
+
+def _base(model: Any) -> tuple[WanDiTConfig, nnx.Module]:
+    """The DiT config whose FP8 settings apply and its stacked blocks: a WanDiT's own, or for a
+    WanDiT4D its RGB branch's (the depth and flow branches share that config)."""
+    return (model.cfg.base, model.base.blocks) if _is_4d(model) else (model.cfg, model.blocks)
+
+
+def _with_activations(model: Any, mode: str) -> Any:
+    """The model's config with the blocks' FP8 activation scaling set to `mode`."""
+    base = dataclasses.replace(_base(model)[0], fp8_activations=mode)
+    return dataclasses.replace(model.cfg, base=base) if _is_4d(model) else base
+
+
 def quantize_dit(model: M) -> M:
     """The FP8 serving model for a float model (a WanDiT, or a WanDiT4D: its three branches' block
     linears; the joint attention stays in the model's dtype): same config with fp8=True, every
@@ -127,8 +145,8 @@ def run_observers(probe: nnx.Module, run: Callable[[Any, Any], Any], batches: It
     return n
 
 
-def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterable[Any], *,
-              margin: float = 1.0, progress: bool = True) -> WanDiT:
+def calibrate(model: M, run: Callable[[M, Any], Any], batches: Iterable[Any], *,
+              margin: float = 1.0, progress: bool = True, layers: int | None = None) -> M:
     """Static activation scales for an FP8 model (`quantize_dit`'s output, stacked layers): runs
     `run(model, batch)` (jitted; any forward — plain, causal, several timesteps) over the
     calibration batches while every Fp8Linear records the largest |input| it sees, and returns the
@@ -137,18 +155,25 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     Inputs larger than the calibrated range saturate at ±448 · input_scale at serving time, so
     calibrate on inputs like those served (every denoising timestep and the t = 0 cache pass);
     margin > 1 leaves headroom at the cost of resolution near zero. Serve the result through
-    `dit.unrolled` as usual (StreamingSession does)."""
-    cfg = model.cfg
+    `dit.unrolled` as usual (StreamingSession does). A WanDiT4D (the policy's backbone) works the
+    same way. `layers`: only the first `layers` blocks must be reached (a features pass that stops
+    there); later blocks keep scale 1 and must not be run with these scales."""
+    cfg, blocks = _base(model)
     if not cfg.fp8 or cfg.fp8_activations != "per_token":
         raise ValueError("calibrate: expects an FP8 model with per-token activation scales (quantize_dit's "
                          f"output); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
-    if isinstance(model.blocks, nnx.List):
+    if isinstance(blocks, nnx.List):
         raise ValueError("calibrate: pass the stacked-layer model (quantize_dit's output), not dit.unrolled's")
     if cfg.remat != "none":
         raise ValueError(f"calibrate: needs remat='none' (got {cfg.remat!r}); the observers cannot record "
                          "through a rematerialised layer")
     if not margin >= 1.0:
         raise ValueError(f"calibrate: margin must be ≥ 1 (got {margin})")
+    layers = cfg.num_layers if layers is None else layers
+    if not 1 <= layers <= cfg.num_layers:
+        raise ValueError(f"calibrate: layers must be in 1..{cfg.num_layers} (got {layers})")
+    if _is_4d(model):
+        return _calibrate_4d(model, run, batches, margin=margin, progress=progress, layers=layers)
     # One module per layer (unrolled's Python loop), so each layer's observer is updated in place;
     # a lax.scan over stacked layers would drop the updates. Projections stay unfused to keep the paths.
     probe = unrolled(model, fuse_self_qkv=False, fuse_text_kv=False)
@@ -161,11 +186,12 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
                       compiler_options=compiler_options(cfg))
     amax = {path: float(lin.input_amax[...]) for path, lin in linears}
     dotted = lambda path: ".".join(map(str, path))  # noqa: E731
+    amax = {p: (a if p[1] < layers else 0.0) for p, a in amax.items()}  # beyond `layers`: scale 1
     bad = sorted(dotted(p) for p, a in amax.items() if not (0 <= a < float("inf")))
     if bad:
         raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: {bad} "
                          "(does `run` call every block, with finite inputs?)")
-    zero = sorted(dotted(p) for p, a in amax.items() if a == 0)
+    zero = sorted(dotted(p) for p, a in amax.items() if a == 0 and p[1] < layers)
     if zero:  # e.g. cross-attention K/V of an all-zero text context with zero biases
         warnings.warn(f"calibrate: these FP8 layers saw only zero inputs, their input_scale is 1: {zero}", stacklevel=2)
 
@@ -173,33 +199,70 @@ def calibrate(model: WanDiT, run: Callable[[WanDiT, Any], Any], batches: Iterabl
     per_layer: dict[str, list[float]] = {}
     for path, a in sorted(amax.items(), key=lambda kv: kv[0][1]):
         per_layer.setdefault(dotted((path[0], *path[2:], "input_scale")), []).append(a)
-    scales = {name: np.asarray(amax_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))  # (layers, 1)
-              for name, a in per_layer.items()}
-    return with_static_scales(model, scales)
+    return with_static_scales(model, _scales(per_layer, margin))
+
+
+def _scales(amax: dict[str, Any], margin: float) -> dict[str, np.ndarray]:
+    """Static scales (layers, 1) from each linear's per-layer input maxima."""
+    return {name: np.asarray(amax_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))
+            for name, a in amax.items()}
+
+
+def _calibrate_4d(model: M, run: Callable[[M, Any], Any], batches: Iterable[Any], *, margin: float,
+                  progress: bool, layers: int) -> M:
+    """`calibrate` for a WanDiT4D: its three branches' stacked block linears observe their inputs
+    inside the layer scan (each (layers,) maximum; `WanDiT4D.hidden` returns them out of the scan)
+    on a copy of the module graph, so `model` itself is left as it was."""
+    cfg, _ = _base(model)
+    probe = nnx.merge(*nnx.split(model))  # a new graph over the same arrays
+    linears = [(tuple(path), m) for path, m in nnx.iter_graph(probe) if isinstance(m, Fp8Linear)]
+    odd = [p for p, _ in linears if p[0] not in ("base", "depth", "flow") or p[1] != "blocks"]
+    if not linears or odd:  # all FP8 layers live in the branches' blocks
+        raise ValueError(f"calibrate: unexpected FP8 layers {odd}")
+    for _, lin in linears:
+        lin.input_amax = Fp8InputAmax(jnp.full((cfg.num_layers,), -1.0, jnp.float32))  # < 0: never called
+    n = run_observers(probe, run, batches, Fp8InputAmax, desc="fp8 calibration", progress=progress,
+                      compiler_options=compiler_options(cfg))
+    dotted = lambda path: ".".join(map(str, path))  # noqa: E731
+    amax = {dotted(path + ("input_scale",)): np.concatenate([np.asarray(lin.input_amax[...])[:layers],
+                                                             np.zeros(cfg.num_layers - layers, np.float32)])
+            for path, lin in linears}  # beyond `layers`: scale 1
+    bad = sorted(f"{name.removesuffix('.input_scale')}[layer {i}]" for name, a in amax.items()
+                 for i in np.flatnonzero(~((a >= 0) & np.isfinite(a))))
+    if bad:
+        raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: "
+                         f"{bad[:8]}{' …' if len(bad) > 8 else ''} (does `run` call every block, with finite inputs?)")
+    zero = sorted(name for name, a in amax.items() if (a[:layers] == 0).any())
+    if zero:
+        warnings.warn(f"calibrate: these FP8 layers saw only zero inputs in some layer, their input_scale is 1: {zero}",
+                      stacklevel=3)
+    return with_static_scales(model, _scales(amax, margin))
 
 
 SCALES_FORMAT = "rynn_jax.fp8_static_scales/1"  # safetensors metadata "format" of a scales file
 
 
-def static_scales(model: WanDiT) -> dict[str, np.ndarray]:
+def static_scales(model: M) -> dict[str, np.ndarray]:
     """A static-scale model's activation scales by dotted name ('blocks.ffn_up.input_scale', each
-    (layers, 1) float32): what `save_scales` writes and `with_static_scales` takes."""
-
-    if model.cfg.fp8_activations != "static" or isinstance(model.blocks, nnx.List):
+    (layers, 1) float32; a WanDiT4D's under 'base.', 'depth.', 'flow.'): what `save_scales` writes
+    and `with_static_scales` takes."""
+    cfg, blocks = _base(model)
+    if cfg.fp8_activations != "static" or isinstance(blocks, nnx.List):
         raise ValueError("static_scales: expects a stacked-layer model with static activation scales (calibrate's output)")
     flat = flatten_params(nnx.to_pure_dict(nnx.state(model)))
     return {".".join(p): np.asarray(v) for p, v in flat.items() if p[-1] == "input_scale"}
 
 
-def with_static_scales(model: WanDiT, scales: dict[str, Any]) -> WanDiT:
-    """The per-token FP8 model (`quantize_dit`'s output, stacked layers) with the given activation
-    scales: same weights, cfg.fp8_activations="static". Every FP8 linear needs its scale, with the
-    model's (layers, 1) shape, finite and > 0; anything else is an error that names the entry."""
-    cfg = model.cfg
-    if not cfg.fp8 or cfg.fp8_activations != "per_token" or isinstance(model.blocks, nnx.List):
+def with_static_scales(model: M, scales: dict[str, Any]) -> M:
+    """The per-token FP8 model (`quantize_dit`'s output, stacked layers; a WanDiT or WanDiT4D) with
+    the given activation scales: same weights, fp8_activations="static". Every FP8 linear needs its
+    scale, with the model's (layers, 1) shape, finite and > 0; anything else is an error that names
+    the entry."""
+    cfg, blocks = _base(model)
+    if not cfg.fp8 or cfg.fp8_activations != "per_token" or isinstance(blocks, nnx.List):
         raise ValueError("with_static_scales: expects quantize_dit's output (stacked layers, per-token activation "
                          f"scales); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
-    graphdef, target = nnx.split(build.abstract_model(WanDiT, dataclasses.replace(cfg, fp8_activations="static")))
+    graphdef, target = nnx.split(build.abstract_model(type(model), _with_activations(model, "static")))
     want = {".".join(p): tuple(v.shape) for p, v in flatten_params(nnx.to_pure_dict(target)).items()
             if p[-1] == "input_scale"}
     values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)

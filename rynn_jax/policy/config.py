@@ -31,6 +31,13 @@ class BackboneConfig:
     # the branches' block linears as FP8 GEMMs (models/fp8.quantize_dit: per-channel weight scales,
     # per-token activation scales); the joint attention, embeddings and the VAE stay as loaded
     fp8: bool = False
+    # static FP8 activation scales instead of per-token ones: a file fp8.save_scales wrote for this
+    # backbone after fp8.calibrate (needs fp8)
+    fp8_scales: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fp8_scales and not self.fp8:
+            raise ValueError("backbone.fp8_scales needs backbone.fp8 = True")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -91,9 +91,11 @@ class World4DFeatures:
         dit = (init_dit4d(WanDiT4DConfig.tiny(), seed=1) if bb.dit == "tiny" else
                random_backbone(bb.layer) if bb.dit == RANDOM else load_dit4d(bb.dit))
         if bb.fp8:
-            from rynn_jax.models.fp8 import quantize_dit
+            from rynn_jax.models.fp8 import load_scales, quantize_dit, with_static_scales
 
             dit = quantize_dit(dit)
+            if bb.fp8_scales:
+                dit = with_static_scales(dit, load_scales(bb.fp8_scales))
         z = dit.cfg.in_channels
         if bb.vae == "tiny":
             vae = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny(z_dim=z, latents_mean=(0.0,) * z, latents_std=(1.0,) * z), 2)
@@ -117,6 +119,12 @@ class World4DFeatures:
         self.params = {"dit": dit_state, "vae": vae_state}
 
     def apply(self, params, rgb_bhw3, depth_rgb_bhw3, goal_bgk, rng):
+        z, t_bf = self.latents(params, rgb_bhw3, depth_rgb_bhw3, rng)
+        return self.features(params, z, t_bf, goal_bgk)
+
+    def latents(self, params, rgb_bhw3, depth_rgb_bhw3, rng):
+        """The backbone's input: the observation (RGB, depth image, an all-ones flow image) through
+        the VAE as latent frame 0, noise after it; per-frame timesteps (frame 0 clean)."""
         from rynn_jax.models import vae as vae_lib
 
         bb = self.cfg.backbone
@@ -129,20 +137,40 @@ class World4DFeatures:
         noise = jax.random.normal(rng, (3, b, bb.latent_frames - 1, *z0.shape[2:]), jnp.float32)
         z = jnp.concatenate([z0[:, :, None], noise], axis=2)
         t_bf = jnp.concatenate([jnp.zeros((b, 1)), jnp.full((b, bb.latent_frames - 1), bb.timestep)], axis=1)
-        return self.features(params, (z[0], z[1], z[2]), t_bf, goal_bgk)
+        return (z[0], z[1], z[2]), t_bf
 
-    def features(self, params, z, t_bf, goal_bgk):
+    def features(self, params, z, t_bf, goal_bgk, dit=None):
         """(B, T, S, C) block features of latents `z` (the three branches) at timesteps t_bf, the
-        text context = the goal tokens, zero-padded to the model's text length."""
+        text context = the goal tokens, zero-padded to the model's text length; `dit`: another
+        module for the backbone (calibration), else params["dit"]'s."""
         dcfg = self.dit_cfg
         b, f, hh, ww, _ = z[0].shape
         goal = goal_bgk[:, :self.cfg.head.goal_len].astype(jnp.float32)
         ctx = jnp.zeros((b, dcfg.text_len, dcfg.text_dim), jnp.float32).at[:, :goal.shape[1]].set(goal)
-        feats = nnx.merge(self._dit_def, params["dit"]).features(z, t_bf, ctx, self.cfg.backbone.layer)
+        dit = nnx.merge(self._dit_def, params["dit"]) if dit is None else dit
+        feats = dit.features(z, t_bf, ctx, self.cfg.backbone.layer)
         if self.cfg.encoder == "world4d_rgb":
             feats = feats[..., :dcfg.base.dim]
         pt, ph, pw = dcfg.patch_size
         return feats.reshape(b, f // pt, (hh // ph) * (ww // pw), feats.shape[-1])
+
+
+    def calibrate_fp8(self, observations, *, margin: float = 1.0):
+        """The FP8 backbone (`backbone.fp8`, per-token scales) with static activation scales
+        calibrated on observation batches (rgb, depth_rgb, goal, rng) run as `apply` runs them;
+        `fp8.save_scales(path, result)` writes the file `backbone.fp8_scales` reads."""
+        from rynn_jax.models import fp8
+
+        if not self.cfg.backbone.fp8 or self.cfg.backbone.fp8_scales:
+            raise ValueError("calibrate_fp8: needs backbone.fp8 with per-token scales (no fp8_scales)")
+
+        def run(dit, obs):
+            rgb, depth, goal, rng = obs
+            z, t_bf = self.latents(self.params, rgb, depth, rng)
+            return self.features(None, z, t_bf, goal, dit=dit)
+
+        return fp8.calibrate(nnx.merge(self._dit_def, self.params["dit"]), run, observations, margin=margin,
+                             progress=False, layers=self.cfg.backbone.layer + 1)
 
 
 def make_encoder(cfg: PolicyConfig) -> VisionEncoder:
