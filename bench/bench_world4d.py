@@ -83,49 +83,39 @@ def main() -> None:
     ref = np.asarray(block(hidden(state, z, t, ctx_policy)), np.float32)
     checks["features_match_hidden"] = bool(np.allclose(np.asarray(f, np.float32), ref, rtol=1e-3, atol=1e-3))
 
+    def fp8_rows(prefix: str, variant) -> None:
+        """Both passes of an FP8 variant, timed and checked against the bf16 features."""
+        graphdef_v, state_v = nnx.split(variant)
+        forward_v = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_v, s)(*z, t, ctx))
+        features_v = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_v, s).features(z, t, ctx, layer=feature_layer))
+        checks[f"{prefix}_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
+                                                      for o in block(forward_v(state_v, z, t, ctx))))
+        rows[f"{prefix}_forward_ms"] = statistics.median(
+            time_ms(lambda: block(forward_v(state_v, z, t, ctx)), 2, args.iters))
+        fv, f32 = np.asarray(block(features_v(state_v, z, t, ctx_policy)), np.float32), np.asarray(f, np.float32)
+        rows[f"{prefix}_features_rel_l2"] = float(np.linalg.norm(fv - f32) / np.linalg.norm(f32))
+        checks[f"{prefix}_features_close"] = rows[f"{prefix}_features_rel_l2"] <= 0.1
+        rows[f"{prefix}_features_ms"] = statistics.median(
+            time_ms(lambda: block(features_v(state_v, z, t, ctx_policy)), 2, args.iters))
+
     if args.fp8 or args.fp8_static:
-        from rynn_jax.models.fp8 import quantize_dit
+        from rynn_jax.models.fp8 import calibrate, quantize_dit
 
         q = quantize_dit(model)
-        graphdef8, state8 = nnx.split(q)
-        forward8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s)(*z, t, ctx))
-        features8 = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef8, s).features(z, t, ctx, layer=feature_layer))
-        checks["fp8_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
-                                                for o in block(forward8(state8, z, t, ctx))))
-        rows["fp8_forward_ms"] = statistics.median(time_ms(lambda: block(forward8(state8, z, t, ctx)), 2, args.iters))
-        f8 = np.asarray(block(features8(state8, z, t, ctx_policy)), np.float32)
-        f32 = np.asarray(f, np.float32)
-        rows["fp8_features_rel_l2"] = float(np.linalg.norm(f8 - f32) / np.linalg.norm(f32))
-        checks["fp8_features_close"] = rows["fp8_features_rel_l2"] <= 0.1
-        rows["fp8_features_ms"] = statistics.median(
-            time_ms(lambda: block(features8(state8, z, t, ctx_policy)), 2, args.iters))
-    if args.fp8_static:
-        from rynn_jax.models.fp8 import calibrate
+        if args.fp8:
+            fp8_rows("fp8", q)
+        if args.fp8_static:  # calibrated with the forward (every block) on inputs drawn as the timed ones
+            fresh = [[jax.random.normal(jax.random.fold_in(key, 100 + 3 * k + i), z[0].shape, jnp.float32)
+                      for i in range(3)] for k in range(2)]
+            fp8_rows("fp8_static", calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False))
 
-        # calibrated with the forward (every block) on inputs drawn as the timed ones, other keys
-        fresh = [[jax.random.normal(jax.random.fold_in(key, 100 + 3 * k + i), z[0].shape, jnp.float32)
-                  for i in range(3)] for k in range(2)]
-        static = calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False)
-        graphdef_s, state_s = nnx.split(static)
-        forward_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s)(*z, t, ctx))
-        features_s = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_s, s).features(z, t, ctx, layer=feature_layer))
-        checks["fp8_static_forward_finite"] = bool(all(np.isfinite(np.asarray(o, np.float32)).all()
-                                                       for o in block(forward_s(state_s, z, t, ctx))))
-        rows["fp8_static_forward_ms"] = statistics.median(
-            time_ms(lambda: block(forward_s(state_s, z, t, ctx)), 2, args.iters))
-        fs = np.asarray(block(features_s(state_s, z, t, ctx_policy)), np.float32)
-        f32 = np.asarray(f, np.float32)
-        rows["fp8_static_features_rel_l2"] = float(np.linalg.norm(fs - f32) / np.linalg.norm(f32))
-        checks["fp8_static_features_close"] = rows["fp8_static_features_rel_l2"] <= 0.1
-        rows["fp8_static_features_ms"] = statistics.median(
-            time_ms(lambda: block(features_s(state_s, z, t, ctx_policy)), 2, args.iters))
-
-    result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small, "tokens_per_branch": tokens,
-              "params": param_count(cfg), "feature_layer": feature_layer, **rows, "checks": checks}
+    result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small,
+              "tokens_per_branch": tokens, "params": param_count(cfg), "feature_layer": feature_layer, **rows,
+              "checks": checks}
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
           f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"
           + (f"; fp8: forward {rows['fp8_forward_ms']:.1f} ms, features {rows['fp8_features_ms']:.1f} ms "
-             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if "fp8_features_ms" in rows else "")
+             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if args.fp8 else "")
           + (f"; fp8 static: forward {rows['fp8_static_forward_ms']:.1f} ms, features "
              f"{rows['fp8_static_features_ms']:.1f} ms (rel. L2 {rows['fp8_static_features_rel_l2']:.3f})"
              if args.fp8_static else "") + f"; checks {checks}")
