@@ -206,8 +206,11 @@ def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
     with_fp8 = lambda **kw: dataclasses.replace(base, backbone=dataclasses.replace(base.backbone, **kw))  # noqa: E731
     rng = np.random.default_rng(3)
     h, w = base.backbone.image_size
-    obs = lambda: (rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8), rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8),  # noqa: E731
-                   rng.standard_normal((1, base.head.goal_len, base.head.goal_dim)).astype(np.float32))
+
+    def obs():
+        image = lambda: rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8)  # noqa: E731
+        return image(), image(), rng.standard_normal((1, base.head.goal_len, base.head.goal_dim)).astype(np.float32)
+
     per_token = World4DFeatures(with_fp8(fp8=True))
     static = per_token.calibrate_fp8([(*obs(), jax.random.key(k)) for k in range(2)])
     assert static.cfg.base.fp8_activations == "static"

@@ -154,7 +154,6 @@ class World4DFeatures:
         pt, ph, pw = dcfg.patch_size
         return feats.reshape(b, f // pt, (hh // ph) * (ww // pw), feats.shape[-1])
 
-
     def calibrate_fp8(self, observations, *, margin: float = 1.0):
         """The FP8 backbone (`backbone.fp8`, per-token scales) with static activation scales
         calibrated on observation batches (rgb, depth_rgb, goal, rng) run as `apply` runs them;
