@@ -16,9 +16,6 @@ os.environ.setdefault("RYNN_JAX_WEIGHTS", os.path.join(os.path.dirname(__file__)
 import pytest  # noqa: E402
 
 
-_FAST_PROGRAMS = {"compiled": False}  # set while a module's tests compiled with fast_compile
-
-
 @pytest.fixture
 def fast_compile():
     """XLA's cheapest compile for this test (jax_disable_most_optimizations: LLVM -O0 and no
@@ -27,7 +24,6 @@ def fast_compile():
     the generated machine code is less optimised (float results equal up to rounding)."""
     import jax
 
-    _FAST_PROGRAMS["compiled"] = True
     before = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", True)
     try:
@@ -37,14 +33,13 @@ def fast_compile():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fast_programs_stay_in_their_module():
+def _programs_stay_in_their_module():
     """The optimisation setting is not part of JAX's jit cache key: a library function (e.g. the
-    retargeting scan) compiled at -O0 in one module would be reused by a later module on the same
-    worker, whose exact comparisons then meet a differently rounded program. So the in-memory
-    caches are dropped after any module that compiled with fast_compile."""
+    retargeting scan) compiled at -O0 by one module (fast_compile, or a module fixture that sets
+    jax_disable_most_optimizations itself) would be reused by a later module on the same worker,
+    whose exact comparisons then meet a differently rounded program. So the in-memory caches are
+    dropped after every module; a module's own fixtures keep theirs while it runs."""
     yield
-    if _FAST_PROGRAMS["compiled"]:
-        import jax
+    import jax
 
-        jax.clear_caches()
-        _FAST_PROGRAMS["compiled"] = False
+    jax.clear_caches()
