@@ -258,7 +258,6 @@ class WanDiT4D(nnx.Module):
         layer_xs = (tuple(jax.tree.map(lambda a: a[:n], s) for s in branch_states), jnp.asarray(slot_l[:n]))
         joint = nnx.split(self.joint) if self.joint is not None else None
         every_layer = len(cfg.joint_layers) == bcfg.num_layers
-        stacks = (base.blocks, self.depth.blocks, self.flow.blocks)
         # FP8 calibration (fp8.calibrate): the blocks' linears record their largest input; a layer
         # inside the scan is a copy, so each returns what it saw and it is written back below
         observing = bool(jax.tree.leaves(nnx.state(base.blocks, Fp8InputAmax)))
@@ -287,7 +286,7 @@ class WanDiT4D(nnx.Module):
 
         xs, seen = base.scan_blocks(layer, xs, layer_xs, num_layers=n)
         if observing:  # layers ≥ n ran no input and keep their value
-            for stack, got in zip(stacks, seen):
+            for stack, got in zip((base.blocks, self.depth.blocks, self.flow.blocks), seen):
                 old = nnx.state(stack, Fp8InputAmax)
                 nnx.update(stack, jax.tree.map(lambda a, new: a.at[:n].set(new), old, got))
         return xs, temb, grid
