@@ -3,7 +3,7 @@ jitted `LoadedPolicy.predict` the closed loop calls, on the default device:
 
     python bench/bench_policy.py --size full --out bench/results/policy_h200.json     # one H200
     python bench/bench_policy.py --size full --fp8 --out bench/results/policy_fp8_h200.json   # + FP8 backbone
-    python bench/bench_policy.py --size full --fp8 --fp8-static --out ...   # + FP8, static activation scales
+    python bench/bench_policy.py --size full --fp8-static --out ...   # + FP8, static activation scales
     python bench/bench_policy.py --size cnn cnn_cpu tiny --out bench/results/policy_cpu.json   # CPU
 
 Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at t = 500, random
@@ -18,8 +18,9 @@ an RTX 5090 in FP8; the goal is ≥ 5 chunks/s on one H200 at full size.
 `--fp8` adds, for each 4D size, a row with the backbone's block linears as FP8 GEMMs
 (`backbone.fp8`, models/fp8.quantize_dit: per-channel weight and per-token activation scales; the
 joint attention and the VAE unchanged), compiled with cuBLASLt FP8 GEMMs rather than Triton ones;
-`--fp8-static` a row with static activation scales (`backbone.fp8_scales`, calibrated first by
-`World4DFeatures.calibrate_fp8` on two random observations other than the timed one).
+`--fp8-static` a row with static activation scales (what `backbone.fp8_scales` loads: calibrated
+by `World4DFeatures.calibrate_fp8` on two random observations other than the timed one, on the
+row's own backbone, so the full-size backbone is built once per row).
 
 Checks: the chunk has shape (1, 10, 54) and is finite; the same key gives the same chunk; an FP8
 row's vision features are within 15 % (relative L2) of the bf16 row's on the same input.
@@ -32,7 +33,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -45,12 +45,12 @@ from _harness import Checks, time_ms, write_json  # noqa: E402
 SIZES = ("full", "rgb", "cnn", "cnn_cpu", "tiny")
 
 
-def policy_config(size: str, fp8: bool = False, fp8_scales: str = ""):
+def policy_config(size: str, fp8: bool = False):
     from rynn_jax.policy.config import BackboneConfig, PolicyConfig
 
     if size in ("full", "rgb"):
         return PolicyConfig.full("world4d" if size == "full" else "world4d_rgb",
-                                 backbone=BackboneConfig(dit="random", vae="random", fp8=fp8, fp8_scales=fp8_scales))
+                                 backbone=BackboneConfig(dit="random", vae="random", fp8=fp8))
     if size == "cnn":
         return PolicyConfig.full("cnn")
     if size == "cnn_cpu":  # the recipe the project's CPU trains: its policy config, read from the recipe
@@ -59,7 +59,7 @@ def policy_config(size: str, fp8: bool = False, fp8_scales: str = ""):
 
         return run_recipe(os.path.join(ROOT, "configs", "policy_cnn_cpu.py"), PolicyTrainConfig).policy
     cfg = PolicyConfig.tiny("world4d")
-    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, fp8=fp8, fp8_scales=fp8_scales)
+    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, fp8=fp8)
                                ) if fp8 else cfg
 
 
@@ -72,36 +72,37 @@ def observation(cfg, seed: int):
             rng.standard_normal((1, cfg.head.goal_len, cfg.head.goal_dim)).astype(np.float32))
 
 
-def calibrated_scales(size: str, path: str) -> str:
-    """Static FP8 activation scales of the size's backbone (`World4DFeatures.calibrate_fp8`) from 2
-    random observations other than the timed one, written to `path` for `backbone.fp8_scales`."""
+def with_calibrated_scales(pol, cfg):
+    """The per-token FP8 policy `pol` with static activation scales calibrated on 2 random
+    observations other than the timed one (`World4DFeatures.calibrate_fp8`), on its own backbone."""
     import jax
 
     from rynn_jax.models import fp8
-    from rynn_jax.policy.encoders import World4DFeatures
+    from rynn_jax.policy import inference
 
-    enc = World4DFeatures(policy_config(size, fp8=True))
     batches = []
     for k in (1, 2):
-        rgb, depth, _, goal = observation(enc.cfg, k)
+        rgb, depth, _, goal = observation(cfg, k)
         batches.append((rgb, depth, goal, jax.random.key(k)))
-    fp8.save_scales(path, enc.calibrate_fp8(batches))
-    return path
+    enc = pol.encoder.with_static_scales(fp8.static_scales(pol.encoder.calibrate_fp8(batches)))
+    return inference.LoadedPolicy(enc.cfg, pol.graphdef, pol.params, enc, pol.normalizer)
 
 
 def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features: np.ndarray | None = None,
-          fp8_scales: str = "") -> tuple[dict, np.ndarray]:
-    """One row, and the vision features of the benched input (the FP8 row is checked against the
-    bf16 row's)."""
+          static: bool = False) -> tuple[dict, np.ndarray]:
+    """One row, and the vision features of the benched input (the FP8 rows are checked against the
+    bf16 row's). `static`: FP8 with static activation scales (needs fp8)."""
     import jax
 
     from rynn_jax.policy import inference, model
     from rynn_jax.policy.normalize import ActionNormalizer
 
-    cfg = policy_config(size, fp8, fp8_scales)
-    name = (f"{size}+fp8s" if fp8_scales else f"{size}+fp8") if fp8 else size
+    cfg = policy_config(size, fp8)
+    name = (f"{size}+fp8s" if static else f"{size}+fp8") if fp8 else size
     t0 = time.perf_counter()
     pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
+    if static:
+        pol = with_calibrated_scales(pol, cfg)
     build_s = time.perf_counter() - t0
     h, w = cfg.image_size
     rgb, depth, state, goal = observation(cfg, 0)
@@ -155,9 +156,7 @@ def main() -> None:
         if a.fp8 and s in ("full", "rgb", "tiny"):
             rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features)[0])
         if a.fp8_static and s in ("full", "rgb", "tiny"):
-            with tempfile.TemporaryDirectory() as tmp:
-                scales = calibrated_scales(s, os.path.join(tmp, "scales.safetensors"))
-                rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, fp8_scales=scales)[0])
+            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True)[0])
         del features
     dev = jax.devices()[0]
     print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")

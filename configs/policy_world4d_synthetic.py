@@ -14,27 +14,41 @@ resolution. Head and Flow Former at SPEC width (384) over 21 × 16 queries; the 
         --set policy.backbone.vae=weights/synthetic/autoencoder \\
         --set "data.train_dirs=('data/sim/*/episode_*',)"
     # (b): configs/policy_world4d_synthetic.py:world4d_rgb; sim episodes at --resolution 128x224
+    # (c): configs/policy_world4d_synthetic.py:cnn (no backbone: the SPEC-size CNN from scratch)
+
+Row (c) of the same table is `cnn`: the same head, Flow Former width, data, optimiser and step
+budget, with the vision features from the SPEC-size CNN (32–256 channels) trained from scratch on
+the same 128×224 RGB + depth instead of the frozen 4D backbone: the three rows differ only in
+where the vision tokens come from.
 """
 
 import dataclasses
 
 from configs import synthetic, world4d_synthetic
-from rynn_jax.policy.config import BackboneConfig, CompressorConfig, HeadConfig, PolicyConfig
+from rynn_jax.policy.config import BackboneConfig, CnnConfig, CompressorConfig, HeadConfig, PolicyConfig
 from rynn_jax.policy.train import PolicyDataConfig, PolicyTrainConfig
 
 LATENT_FRAMES = (synthetic.CLIP_FRAMES - 1) // 4 + 1  # the clips it was trained on (causal 4× in time)
 
 
 def get_config(encoder: str = "world4d") -> PolicyTrainConfig:
-    if encoder not in ("world4d", "world4d_rgb"):
-        raise ValueError(f"encoder must be world4d or world4d_rgb, got {encoder!r}")
+    if encoder not in ("world4d", "world4d_rgb", "cnn"):
+        raise ValueError(f"encoder must be world4d, world4d_rgb or cnn, got {encoder!r}")
     base = world4d_synthetic.model().base
+    image = (synthetic.HEIGHT, synthetic.WIDTH)
+    if encoder == "cnn":  # one frame, as many vision tokens as the 4D rows (21 × 16 = 336 queries)
+        cnn = CnnConfig(image_size=image)
+        compressor = CompressorConfig(in_dim=cnn.channels[-1], num_frames=1,
+                                      queries_per_frame=LATENT_FRAMES * CompressorConfig().queries_per_frame)
+    else:
+        cnn = CnnConfig()
+        compressor = CompressorConfig(in_dim=(3 if encoder == "world4d" else 1) * base.dim, num_frames=LATENT_FRAMES)
     policy = PolicyConfig(
         encoder=encoder,
         # blocks 0 … num_layers/2 − 1 (0–3 of 8), as blocks 0–15 of the 5B model's 30
         backbone=BackboneConfig(layer=base.num_layers // 2 - 1, timestep=500.0, latent_frames=LATENT_FRAMES,
-                                image_size=(synthetic.HEIGHT, synthetic.WIDTH)),
-        compressor=CompressorConfig(in_dim=(3 if encoder == "world4d" else 1) * base.dim, num_frames=LATENT_FRAMES),
+                                image_size=image),
+        cnn=cnn, compressor=compressor,
         head=HeadConfig(goal_dim=synthetic.TEXT_DIM, goal_len=synthetic.TEXT_LEN))
     cfg = PolicyTrainConfig(policy=policy, total_steps=2_000,
                             data=PolicyDataConfig(train_dirs=("data/sim/*/episode_*",), cache_episodes=1024))

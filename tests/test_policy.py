@@ -228,6 +228,13 @@ def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
     err = {k: float(np.linalg.norm(feats[k] - feats["float"]) / np.linalg.norm(feats["float"]))
            for k in ("per_token", "static")}
     assert 0 < err["static"] <= max(0.1, 1.5 * err["per_token"]), err
+    # the same scales swapped into the built per-token backbone (what the policy bench times) = the file's
+    swapped = per_token.with_static_scales(want)
+    assert swapped.cfg.backbone.fp8_scales and not per_token.cfg.backbone.fp8_scales
+    np.testing.assert_array_equal(np.asarray(jax.jit(swapped.apply)(swapped.params, rgb, depth, goal, key)),
+                                  feats["static"])
+    with pytest.raises(ValueError, match="per-token scales"):
+        loaded.with_static_scales(want)
     with pytest.raises(ValueError, match="fp8_scales needs backbone.fp8"):
         config_lib.BackboneConfig(dit="tiny", vae="tiny", fp8_scales="x.safetensors")
 

@@ -12,6 +12,8 @@ arguments, never as baked-in constants).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 from typing import Protocol
@@ -170,6 +172,21 @@ class World4DFeatures:
 
         return fp8.calibrate(nnx.merge(self._dit_def, self.params["dit"]), run, observations, margin=margin,
                              progress=False, layers=self.cfg.backbone.layer + 1)
+
+    def with_static_scales(self, scales: dict[str, np.ndarray], source: str = "in memory") -> "World4DFeatures":
+        """This per-token FP8 backbone with static activation scales (`fp8.static_scales` of
+        `calibrate_fp8`'s result): what `backbone.fp8_scales = source` builds, without building or
+        loading the backbone again (same weights, shared)."""
+        from rynn_jax.models import fp8
+
+        bb = self.cfg.backbone
+        if not bb.fp8 or bb.fp8_scales:
+            raise ValueError("with_static_scales: needs backbone.fp8 with per-token scales (no fp8_scales)")
+        new = copy.copy(self)
+        new._dit_def, dit_state = nnx.split(fp8.with_static_scales(nnx.merge(self._dit_def, self.params["dit"]), scales))
+        new.params = {**self.params, "dit": dit_state}
+        new.cfg = dataclasses.replace(self.cfg, backbone=dataclasses.replace(bb, fp8_scales=source))
+        return new
 
 
 def make_encoder(cfg: PolicyConfig) -> VisionEncoder:

@@ -191,7 +191,8 @@ fi
 if has policy; then
   for r in ${POLICIES:-cnn}; do
     n=$(pol_name "$r"); run=runs/policy_$n; args=()
-    if [[ $n == *world4d* ]]; then
+    four_d=; [[ $n == *world4d* && $n != *cnn ]] && four_d=1  # world4d_synthetic_cnn reads no backbone
+    if [ -n "$four_d" ]; then
       [ -n "${POLICY_DIT:-}" ] && [ -n "${POLICY_VAE:-}" ] || { log "policy $n skipped: POLICY_DIT / POLICY_VAE unset"; continue; }
       need "$POLICY_DIT"; need "$POLICY_VAE"  # e.g. init/world4d_stage3: a later call may deliver them
       args+=(--set "policy.backbone.dit=$POLICY_DIT" --set "policy.backbone.vae=$POLICY_VAE")
@@ -202,7 +203,7 @@ if has policy; then
     # (≈ 0.7 s at 240 × 320), so a cache smaller than the data set makes each step wait on ~batch
     # decodes. Kept frames: 52 MB an episode at 240 × 320 (cnn), 208 MB at 480 × 640 (world4d: ≤ 300).
     cache=${POLICY_CACHE:-$(ls -d data/sim/*/episode_?????? 2>/dev/null | wc -l)}
-    [[ $n == *world4d* ]] && [ -z "${POLICY_CACHE:-}" ] && [ "$cache" -gt 300 ] && cache=300
+    [ -n "$four_d" ] && [ -z "${POLICY_CACHE:-}" ] && [ "$cache" -gt 300 ] && cache=300
     args+=(--set "data.train_dirs=('data/sim/*/episode_*',)" --set "data.cache_episodes=$cache" --set "ckpt.dir=$run/ckpt"
            --set "log.dir=$run/logs" --set "export_dir=$run/export")
     stop_after "${POLICY_SECONDS:-600}" \
