@@ -192,6 +192,29 @@ def test_policy_config_round_trips_and_checks():
     assert math.prod(cfg.backbone.image_size) == 480 * 640
 
 
+def test_synthetic_recipe_rows_differ_only_in_the_vision_encoder():
+    """configs/policy_world4d_synthetic.py: rows (a) world4d, (b) world4d_rgb and (c) cnn share the
+    head, optimiser, data, step budget, image size and number of vision tokens; only where the vision
+    tokens come from differs (feature width, frames). The 4D rows' sizes follow the 4D recipe."""
+    import dataclasses
+
+    from configs import world4d_synthetic
+    from rynn_jax.policy.train import PolicyTrainConfig
+    from rynn_jax.training.config import run_recipe
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "policy_world4d_synthetic.py")
+    rows = {a: run_recipe(path, PolicyTrainConfig, a) for a in ("world4d", "world4d_rgb", "cnn")}
+    dim = world4d_synthetic.model().base.dim
+    assert [rows[a].policy.compressor.in_dim for a in rows] == [3 * dim, dim, rows["cnn"].policy.cnn.channels[-1]]
+    assert rows["cnn"].policy.compressor.num_frames == 1
+    shared = lambda c: (c.policy.head, c.optim, c.data, c.total_steps, c.policy.image_size,  # noqa: E731
+                        c.policy.compressor.num_tokens, dataclasses.replace(
+                            c.policy.compressor, in_dim=0, num_frames=1, queries_per_frame=1))
+    assert shared(rows["world4d"]) == shared(rows["world4d_rgb"]) == shared(rows["cnn"])
+    with pytest.raises(ValueError, match="encoder must be"):
+        run_recipe(path, PolicyTrainConfig, "resnet")
+
+
 def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
     """backbone.fp8_scales: the per-token FP8 backbone calibrated on observations as the control step
     builds them (World4DFeatures.calibrate_fp8; the toy backbone's third block is past the feature
