@@ -184,28 +184,34 @@ def calibrate(model: M, run: Callable[[M, Any], Any], batches: Iterable[Any], *,
         lin.input_amax = Fp8InputAmax(jnp.full((), -1.0, jnp.float32))  # < 0: never called
     n = run_observers(probe, run, batches, Fp8InputAmax, desc="fp8 calibration", progress=progress,
                       compiler_options=compiler_options(cfg))
-    amax = {path: float(lin.input_amax[...]) for path, lin in linears}
-    dotted = lambda path: ".".join(map(str, path))  # noqa: E731
-    amax = {p: (a if p[1] < layers else 0.0) for p, a in amax.items()}  # beyond `layers`: scale 1
-    bad = sorted(dotted(p) for p, a in amax.items() if not (0 <= a < float("inf")))
+    # Back to the stacked layout: ('blocks', i, *rest) → 'blocks.<rest>.input_scale', row i.
+    amax: dict[str, np.ndarray] = {}
+    for path, lin in linears:
+        name = ".".join(map(str, (path[0], *path[2:], "input_scale")))
+        amax.setdefault(name, np.full(cfg.num_layers, -1.0, np.float32))[path[1]] = float(lin.input_amax[...])
+    return with_static_scales(model, _checked_scales(amax, layers, n, margin))
+
+
+def _checked_scales(amax: dict[str, np.ndarray], layers: int, n: int, margin: float) -> dict[str, np.ndarray]:
+    """Static scales (layers, 1) = margin · amax / 448 from each stacked linear's per-layer input
+    maxima (name → (num_layers,), < 0 where never called); blocks from `layers` on keep scale 1.
+    A block before `layers` that saw no input or a non-finite one is an error naming it; one that
+    saw only zeros (e.g. K/V of an all-zero text context) a warning, and its scale is 1."""
+    amax = {name: np.where(np.arange(a.shape[0]) < layers, a, 0.0).astype(np.float32) for name, a in amax.items()}
+
+    def where(test) -> list[str]:
+        found = sorted(f"{name.removesuffix('.input_scale')}[layer {i}]" for name, a in amax.items()
+                       for i in np.flatnonzero(test(a)))
+        return found[:8] + ([f"… {len(found)} in all"] if len(found) > 8 else [])
+
+    bad = where(lambda a: ~((a >= 0) & np.isfinite(a)))
     if bad:
         raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: {bad} "
                          "(does `run` call every block, with finite inputs?)")
-    zero = sorted(dotted(p) for p, a in amax.items() if a == 0 and p[1] < layers)
-    if zero:  # e.g. cross-attention K/V of an all-zero text context with zero biases
-        warnings.warn(f"calibrate: these FP8 layers saw only zero inputs, their input_scale is 1: {zero}", stacklevel=2)
-
-    # Back to the stacked layout: ('blocks', i, *rest) → 'blocks.<rest>.input_scale', row i.
-    per_layer: dict[str, list[float]] = {}
-    for path, a in sorted(amax.items(), key=lambda kv: kv[0][1]):
-        per_layer.setdefault(dotted((path[0], *path[2:], "input_scale")), []).append(a)
-    return with_static_scales(model, _scales(per_layer, margin))
-
-
-def _scales(amax: dict[str, Any], margin: float) -> dict[str, np.ndarray]:
-    """Static scales (layers, 1) from each linear's per-layer input maxima."""
-    return {name: np.asarray(amax_scale(jnp.asarray(a, jnp.float32)[:, None]) * jnp.float32(margin))
-            for name, a in amax.items()}
+    zero = where(lambda a: (a == 0) & (np.arange(a.shape[0]) < layers))
+    if zero:
+        warnings.warn(f"calibrate: these FP8 layers saw only zero inputs, their input_scale is 1: {zero}", stacklevel=3)
+    return {name: np.asarray(amax_scale(jnp.asarray(a)[:, None]) * jnp.float32(margin)) for name, a in amax.items()}
 
 
 def _calibrate_4d(model: M, run: Callable[[M, Any], Any], batches: Iterable[Any], *, margin: float,
@@ -223,20 +229,8 @@ def _calibrate_4d(model: M, run: Callable[[M, Any], Any], batches: Iterable[Any]
         lin.input_amax = Fp8InputAmax(jnp.full((cfg.num_layers,), -1.0, jnp.float32))  # < 0: never called
     n = run_observers(probe, run, batches, Fp8InputAmax, desc="fp8 calibration", progress=progress,
                       compiler_options=compiler_options(cfg))
-    dotted = lambda path: ".".join(map(str, path))  # noqa: E731
-    amax = {dotted(path + ("input_scale",)): np.concatenate([np.asarray(lin.input_amax[...])[:layers],
-                                                             np.zeros(cfg.num_layers - layers, np.float32)])
-            for path, lin in linears}  # beyond `layers`: scale 1
-    bad = sorted(f"{name.removesuffix('.input_scale')}[layer {i}]" for name, a in amax.items()
-                 for i in np.flatnonzero(~((a >= 0) & np.isfinite(a))))
-    if bad:
-        raise ValueError(f"calibrate: these FP8 layers saw no input or a non-finite one over {n} batches: "
-                         f"{bad[:8]}{' …' if len(bad) > 8 else ''} (does `run` call every block, with finite inputs?)")
-    zero = sorted(name for name, a in amax.items() if (a[:layers] == 0).any())
-    if zero:
-        warnings.warn(f"calibrate: these FP8 layers saw only zero inputs in some layer, their input_scale is 1: {zero}",
-                      stacklevel=3)
-    return with_static_scales(model, _scales(amax, margin))
+    amax = {".".join(map(str, path + ("input_scale",))): np.asarray(lin.input_amax[...]) for path, lin in linears}
+    return with_static_scales(model, _checked_scales(amax, layers, n, margin))
 
 
 SCALES_FORMAT = "rynn_jax.fp8_static_scales/1"  # safetensors metadata "format" of a scales file
