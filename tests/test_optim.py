@@ -84,3 +84,34 @@ def test_overrides_check_choice_fields():
         config_lib.apply_overrides(cfg, ["optim.mu_dtype=float16"])
     with pytest.raises(ValueError, match="--set 'model.remat=save_dot'"):
         config_lib.apply_overrides(cfg, ["model.remat=save_dot"])
+
+
+@pytest.mark.parametrize("warmup", [False, True])
+def test_ema_through_apply_gradients_matches_the_float64_recurrence(warmup):
+    """The train step's EMA (apply_gradients) over 40 updates against the float64 recurrence
+    e ← d_t·e + (1 − d_t)·p_t, d_t = min(decay, (1 + t)/(10 + t)) with the ramp, decay without; with
+    the ramp the initialisation's share after n steps is 9!·n!/(n + 9)!, not decay^n."""
+    import math
+
+    from flax import nnx
+
+    from rynn_jax.training.state import TrainState
+    from rynn_jax.training.step import apply_gradients
+
+    cfg = OptimConfig(lr=1e-2, warmup_steps=0, schedule="constant", weight_decay=0.0, grad_clip=0.0,
+                      ema_decay=0.99, ema_warmup=warmup)
+    tx = optim.make_optimizer(cfg, total_steps=100)
+    rng = np.random.default_rng(0)
+    params = nnx.State({"w": jnp.asarray(rng.standard_normal(5), jnp.float32)})
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, frozen=nnx.State({}), stats=nnx.State({}),
+                       opt_state=tx.init(params), ema=jax.tree.map(jnp.copy, params), rng=jax.random.key_data(
+                           jax.random.key(0)))
+    step = jax.jit(lambda s, g: apply_gradients(s, g, jnp.float32(0), tx, cfg, optax.constant_schedule(cfg.lr))[0])
+    e, share = np.asarray(params["w"], np.float64), 1.0
+    for t in range(40):
+        state = step(state, nnx.State({"w": jnp.asarray(rng.standard_normal(5), jnp.float32)}))
+        d = min(0.99, (1 + t) / (10 + t)) if warmup else 0.99
+        e, share = d * e + (1 - d) * np.asarray(state.params["w"], np.float64), share * d
+    np.testing.assert_allclose(np.asarray(state.ema["w"]), e, rtol=1e-5, atol=1e-6)
+    want_share = math.factorial(9) * math.factorial(40) / math.factorial(49) if warmup else 0.99 ** 40
+    assert share == pytest.approx(want_share, rel=1e-9)

@@ -158,6 +158,26 @@ def test_closed_loop_scripted_reference_succeeds(closed_loop):
     scene, d, robot = r["sim"]
     assert r["success"] and goal_reached(scene, d)[0] and all(v is None for v in robot.attached.values())
     assert r["frames"] % 10 == 0 and r["video"].shape == (r["frames"] + 1, 64, 112, 3)
+    assert not r["unstable"] and 0 < r["max_object_speed_mps"] <= 3.0  # the pushed block moved, gently
+
+
+def test_a_flung_object_is_no_success(closed_loop):
+    """The goal reached after an object flew faster than the data generator allows (an unstable
+    contact, e.g. an arm slammed into the block) is a failure, flagged `unstable`."""
+    from rynn_jax.policy.rollout import succeeded
+    from rynn_jax.sim.episode import MAX_OBJECT_SPEED
+
+    scene, d, robot = closed_loop[0]["sim"]
+    speed = robot.max_speed
+    try:
+        robot.max_speed = 1.01 * MAX_OBJECT_SPEED
+        ok, verdict = succeeded(scene, d, robot)
+        assert not ok and verdict["unstable"] and verdict["goal_reached"]
+        robot.max_speed = 0.99 * MAX_OBJECT_SPEED
+        ok, verdict = succeeded(scene, d, robot)
+        assert ok and not verdict["unstable"]
+    finally:
+        robot.max_speed = speed
 
 
 def test_closed_loop_policy_flag_is_the_sims_check(closed_loop):

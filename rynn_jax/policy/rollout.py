@@ -8,7 +8,8 @@ task's scene is built and settled, then every `chunk` frames the actor sees the 
 depth) and the 54-D joint state and returns the next `chunk` joint targets, which drive the
 simulated robot exactly as recorded episodes are driven (`sim.episode.Robot`: 16 fps targets,
 servo, weld grasps). At each chunk boundary the sim's own checks decide: success = the task's
-`goal_reached` on the current state with no object held; a trial ends on success or at the time
+`goal_reached` on the current state with no object held and no object ever flung faster than the
+data generator allows (`unstable`); a trial ends on success, instability or at the time
 limit (`--time-limit`, default 10 s; the scripted episodes take 7). Writes per trial a video and a
 frame strip, `<out>/<method>/<task>/trials.jsonl`, and the success table `<out>/success.json` +
 `success.md` (rows = methods, columns = tasks; runs into the same --out add up to one table).
@@ -110,12 +111,18 @@ class Camera:
 
 
 def succeeded(scene: scenes.Scene, d: mujoco.MjData, robot) -> tuple[bool, dict]:
-    """The sim's own verdict: the task's goal on this state, and nothing still held."""
-    from rynn_jax.sim.episode import goal_reached
+    """The sim's own verdict: the task's goal on this state, nothing still held, and a stable
+    simulation so far (the data generator's check: no object ever faster than MAX_OBJECT_SPEED at
+    a frame end, all finite; an arm driven to far targets at full servo speed can fling a block
+    over the goal line, which is not a success)."""
+    from rynn_jax.sim.episode import MAX_OBJECT_SPEED, goal_reached
 
+    unstable = not np.isfinite(d.qpos).all() or robot.max_speed > MAX_OBJECT_SPEED
     ok, measured = goal_reached(scene, d)
     held = [o for o in robot.attached.values() if o is not None]
-    return bool(ok and not held), {"goal": measured, "goal_reached": ok, "held": held}
+    return bool(ok and not held and not unstable), {
+        "goal": measured, "goal_reached": ok, "held": held, "unstable": unstable,
+        "max_object_speed_mps": round(robot.max_speed, 3)}
 
 
 def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int], time_limit_s: float,
@@ -156,7 +163,7 @@ def run_trial(actor: Actor, task: str, seed: int, *, resolution: tuple[int, int]
                 frames.append(rgb)
             robot.finish()
             ok, verdict = succeeded(scene, d, robot)
-            if ok:
+            if ok or verdict["unstable"]:  # an unstable simulation cannot recover into a success
                 break
     finally:
         camera.close()

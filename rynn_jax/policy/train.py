@@ -67,7 +67,7 @@ class PolicyTrainConfig:
     data: PolicyDataConfig = dataclasses.field(default_factory=PolicyDataConfig)
     # SPEC: AdamW 1e-4, β (0.9, 0.9), wd 0.05, clip 1.0, EMA 0.9999, 2 % warm-up / 8 % hold / decay to 1e-6×
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(
-        lr=1e-4, b2=0.9, weight_decay=0.05, grad_clip=1.0, ema_decay=0.9999, schedule="tri_stage",
+        lr=1e-4, b2=0.9, weight_decay=0.05, grad_clip=1.0, ema_decay=0.9999, ema_warmup=True, schedule="tri_stage",
         warmup_steps=2000, hold_steps=8000, end_lr_factor=1e-6))
     ckpt: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
@@ -162,7 +162,7 @@ def make_step(cfg: PolicyTrainConfig, graphdef: nnx.GraphDef, encoder: encoders.
                                         batch["actions"], k_loss)
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return apply_gradients(state, grads, loss, tx, cfg.optim.ema_decay, schedule_lr)
+        return apply_gradients(state, grads, loss, tx, cfg.optim, schedule_lr)
 
     return step
 

@@ -297,7 +297,7 @@ def make_step(cfg: AutoencoderTrainConfig, graphdef: nnx.GraphDef, tx: optax.Gra
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         rng = jax.random.fold_in(state.rng, state.step)
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch["video"], rng)
-        new, metrics = apply_gradients(state, grads, loss, tx, cfg.optim.ema_decay, schedule_lr)
+        new, metrics = apply_gradients(state, grads, loss, tx, cfg.optim, schedule_lr)
         return new, {**metrics, **parts}
 
     return step

@@ -231,7 +231,7 @@ def make_step(cfg: DecoderTrainConfig, parts: Parts, tx: optax.GradientTransform
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         (loss, parts_), grads = grad_fn(state.params, state.frozen, batch["video"])
-        new, metrics = apply_gradients(state, grads, loss, tx, cfg.optim.ema_decay, schedule_lr)
+        new, metrics = apply_gradients(state, grads, loss, tx, cfg.optim, schedule_lr)
         return new, {**metrics, **parts_}
 
     return step

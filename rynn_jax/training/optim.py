@@ -19,6 +19,15 @@ import optax
 from rynn_jax.training.config import OptimConfig
 
 
+def ema_decay_at(cfg: OptimConfig, step: jax.Array) -> jax.Array:
+    """The EMA decay of the update after `step` optimizer steps (cfg.ema_warmup: the ramp)."""
+    decay = jnp.float32(cfg.ema_decay)
+    if not cfg.ema_warmup:
+        return decay
+    step = jnp.asarray(step, jnp.float32)
+    return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
 def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
     if cfg.schedule == "tri_stage":  # the released policy trainer's: 0.1·lr → lr, hold, exponential decay

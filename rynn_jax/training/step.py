@@ -18,8 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rynn_jax import sharding
 from rynn_jax.training import loss as loss_lib
 from rynn_jax.training import loss4d
-from rynn_jax.training.config import TrainConfig, World4DLossConfig
-from rynn_jax.training.optim import ema_update, lr_schedule
+from rynn_jax.training.config import OptimConfig, TrainConfig, World4DLossConfig
+from rynn_jax.training.optim import ema_decay_at, ema_update, lr_schedule
 from rynn_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -71,13 +71,13 @@ def make_step_fn(cfg: TrainConfig, graphdef: nnx.GraphDef, tx: optax.GradientTra
             grads = jax.tree.map(lambda g: g / cfg.grad_accum, grads)
             loss = loss / cfg.grad_accum
 
-        return apply_gradients(state, grads, loss, tx, cfg.optim.ema_decay, schedule_lr, stats=stats)
+        return apply_gradients(state, grads, loss, tx, cfg.optim, schedule_lr, stats=stats)
 
     return step
 
 
 def apply_gradients(state: TrainState, grads: nnx.State, loss: jax.Array, tx: optax.GradientTransformation,
-                    ema_decay: float, schedule_lr: optax.Schedule, **changes) -> tuple[TrainState, Metrics]:
+                    optim: OptimConfig, schedule_lr: optax.Schedule, **changes) -> tuple[TrainState, Metrics]:
     """The optimizer update, the EMA and the finiteness guard (shared with training.autoencoder);
     `changes`: other state fields the step produced (running stats). On a non-finite loss or
     gradient norm everything but the step counter keeps its old value and `finite` is 0, for the
@@ -85,7 +85,7 @@ def apply_gradients(state: TrainState, grads: nnx.State, loss: jax.Array, tx: op
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = ema_update(state.ema, params, ema_decay) if ema_decay > 0 else state.ema
+    ema = ema_update(state.ema, params, ema_decay_at(optim, state.step)) if optim.ema_decay > 0 else state.ema
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema, **changes)
     keep = state.replace(step=state.step + 1)

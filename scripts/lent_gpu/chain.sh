@@ -15,7 +15,8 @@
 # Policy stages (docs/POLICY.md; they run last): policy_data (scripted episodes, attempt seeds 0, 1, …,
 # into data/sim: POLICY_EPISODES per task, POLICY_TASKS, POLICY_RESOLUTION), policy (POLICIES:
 # configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS,
-# into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and 8 % hold;
+# into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and a POLICY_HOLD % hold
+# (default the SPEC's 8; set POLICY_STEPS to what POLICY_SECONDS holds, or the decay never comes);
 # POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need (skipped when unset; a path
 # such as init/world4d_stage3, which a later call may deliver, is awaited as `need` does);
 # POLICY_CACHE: episodes kept decoded, default all; POLICY_ARGS), policy_eval (POLICY_TRIALS
@@ -198,7 +199,7 @@ if has policy; then
       args+=(--set "policy.backbone.dit=$POLICY_DIT" --set "policy.backbone.vae=$POLICY_VAE")
     fi
     [ -z "${POLICY_STEPS:-}" ] || args+=(--set "total_steps=$POLICY_STEPS" --set "optim.warmup_steps=$((POLICY_STEPS / 50))"
-                                         --set "optim.hold_steps=$((POLICY_STEPS * 2 / 25))")
+                                         --set "optim.hold_steps=$((POLICY_STEPS * ${POLICY_HOLD:-8} / 100))")
     # Every episode decoded once and kept: a sample of an uncached episode decodes all its frames
     # (≈ 0.7 s at 240 × 320), so a cache smaller than the data set makes each step wait on ~batch
     # decodes. Kept frames: 52 MB an episode at 240 × 320 (cnn), 208 MB at 480 × 640 (world4d: ≤ 300).
