@@ -10,7 +10,10 @@ Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at 
 bf16 weights: `backbone.dit/vae = "random"`; the Wan2.2 VAE encodes the observation), the Flow
 Former and the head's 4 Euler steps; `rgb` the same with the RGB-branch features only; `cnn` the
 from-scratch CNN policy at SPEC size; `cnn_cpu` the CNN recipe trained on the CPU
-(configs/policy_cnn_cpu.py); `tiny` the toy 4D policy of the tests. Batch 1 (one robot).
+(configs/policy_cnn_cpu.py); `synthetic` / `synthetic_cnn` the synthetic world's policy recipe
+(configs/policy_world4d_synthetic.py, rows (a) / (c): the trained small 4D model from
+`--synthetic-dit`, the committed autoencoder; head weights random, which does not change the
+time); `tiny` the toy 4D policy of the tests. Batch 1 (one robot).
 Per size: the whole step, and the vision encoder alone (for the 4D sizes: VAE + feature pass),
 medians over `--iters` calls after a warm-up (compile excluded). The paper: 1,106 ms per chunk on
 an RTX 5090 in FP8; the goal is ≥ 5 chunks/s on one H200 at full size.
@@ -42,11 +45,22 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Checks, time_ms, write_json  # noqa: E402
 
-SIZES = ("full", "rgb", "cnn", "cnn_cpu", "tiny")
+SIZES = ("full", "rgb", "cnn", "cnn_cpu", "synthetic", "synthetic_cnn", "tiny")
+FP8_SIZES = ("full", "rgb", "synthetic", "tiny")  # the 4D sizes
+SYNTHETIC_DIT = "weights/synthetic/world4d_stage3"  # --synthetic-dit: the synthetic 4D model's stage-3 export
 
 
-def policy_config(size: str, fp8: bool = False):
+def policy_config(size: str, fp8: bool = False, synthetic_dit: str = SYNTHETIC_DIT):
     from rynn_jax.policy.config import BackboneConfig, PolicyConfig
+
+    if size.startswith("synthetic"):  # the synthetic world's recipe (rows (a) / (c) of its table)
+        from rynn_jax.policy.train import PolicyTrainConfig
+        from rynn_jax.training.config import run_recipe
+
+        cfg = run_recipe(os.path.join(ROOT, "configs", "policy_world4d_synthetic.py"), PolicyTrainConfig,
+                         "cnn" if size == "synthetic_cnn" else "world4d").policy
+        return dataclasses.replace(cfg, backbone=dataclasses.replace(
+            cfg.backbone, dit=synthetic_dit, vae=os.path.join(ROOT, "weights", "synthetic", "autoencoder"), fp8=fp8))
 
     if size in ("full", "rgb"):
         return PolicyConfig.full("world4d" if size == "full" else "world4d_rgb",
@@ -89,7 +103,7 @@ def with_calibrated_scales(pol, cfg):
 
 
 def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features: np.ndarray | None = None,
-          static: bool = False) -> tuple[dict, np.ndarray]:
+          static: bool = False, synthetic_dit: str = SYNTHETIC_DIT) -> tuple[dict, np.ndarray]:
     """One row, and the vision features of the benched input (the FP8 rows are checked against the
     bf16 row's). `static`: FP8 with static activation scales (needs fp8)."""
     import jax
@@ -97,7 +111,7 @@ def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features
     from rynn_jax.policy import inference, model
     from rynn_jax.policy.normalize import ActionNormalizer
 
-    cfg = policy_config(size, fp8)
+    cfg = policy_config(size, fp8, synthetic_dit)
     name = (f"{size}+fp8s" if static else f"{size}+fp8") if fp8 else size
     t0 = time.perf_counter()
     pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
@@ -139,9 +153,11 @@ def main() -> None:
     p.add_argument("--size", nargs="+", choices=SIZES, default=["full"])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--fp8", action="store_true",
-                   help="also time each 4D size (full, rgb, tiny) with the backbone's block linears as FP8 GEMMs")
+                   help="also time each 4D size (full, rgb, synthetic, tiny) with the block linears as FP8 GEMMs")
     p.add_argument("--fp8-static", action="store_true",
                    help="and with static activation scales calibrated on 2 other random observations")
+    p.add_argument("--synthetic-dit", default=SYNTHETIC_DIT,
+                   help="the synthetic RynnWorld-4D export the 'synthetic' size reads (not committed: a lease brings it)")
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.fp8 or a.fp8_static:  # cuBLASLt FP8 GEMMs, not one autotuned Triton kernel per linear (models/fp8.py)
@@ -151,12 +167,13 @@ def main() -> None:
     checks = Checks()
     rows = []
     for s in a.size:
-        row, features = bench(s, a.iters, checks)
+        row, features = bench(s, a.iters, checks, synthetic_dit=a.synthetic_dit)
         rows.append(row)
-        if a.fp8 and s in ("full", "rgb", "tiny"):
-            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features)[0])
-        if a.fp8_static and s in ("full", "rgb", "tiny"):
-            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True)[0])
+        if a.fp8 and s in FP8_SIZES:
+            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, synthetic_dit=a.synthetic_dit)[0])
+        if a.fp8_static and s in FP8_SIZES:
+            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
+                              synthetic_dit=a.synthetic_dit)[0])
         del features
     dev = jax.devices()[0]
     print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")
