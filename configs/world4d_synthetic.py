@@ -66,7 +66,8 @@ def stage(n: int, variant: str = "joint", m: WanDiT4DConfig | None = None) -> Tr
         model=m,
         lora=LoraConfig(rank=0),
         optim=OptimConfig(lr=lr, joint_out_lr=joint_out_lr, warmup_steps=warmup, schedule="constant",
-                          b1=0.9, b2=0.95, weight_decay=1e-4, grad_clip=1.0, ema_decay=0.999),
+                          b1=0.9, b2=0.95, weight_decay=1e-4, grad_clip=1.0, ema_decay=0.999,
+                          ema_warmup=True),  # stages of a few hundred steps: export what they trained
         loss=World4DLossConfig(shift=5.0, flow_weight=flow_weight, branch_dropout=dropout, train=trained),
         data=DataConfig(kind="latents", batch_size=16, sources={"robot": synthetic.LATENTS_4D},
                         weights={"robot": 1.0}, worker_count=8, text_len=synthetic.TEXT_LEN),
