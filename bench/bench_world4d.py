@@ -5,6 +5,7 @@ and the policy's backbone feature pass (blocks 0–15 at t = 500, features of al
     python bench/bench_world4d.py --small                                  # CPU check of the script
     python bench/bench_world4d.py --fp8 --out ...      # + the same passes with FP8 block linears, side by side
     python bench/bench_world4d.py --fp8 --fp8-static --out ...   # + FP8 with calibrated static activation scales
+    python bench/bench_world4d.py --fp8-static --fp8-attention --out ...   # + cuDNN FP8 attention (Hopper)
 
 Full size: 480×640 video, 81 frames → latents (21, 30, 40), 3 × 6,300 tokens; text 226 slots for
 the forward (the release pads prompts to 226), the first 32 for the feature pass (as the policy
@@ -12,7 +13,9 @@ reads them). JA at blocks 0, 3, …, 27, within frames, RoPE on, bidirectional. 
 finite, features of the right shape, and the feature pass equal to the same blocks run by the
 forward's code (`WanDiT4D.hidden` with num_layers = 16). `--fp8` adds both passes with the three branches'
 block linears as FP8 GEMMs (`models/fp8.quantize_dit`, the policy's `backbone.fp8`), timed in the same
-run, and checks their features within 10 % relative L2 of the bf16 ones.
+run, and checks their features within 10 % relative L2 of the bf16 ones. `--fp8-attention` adds the
+passes with cuDNN's FP8 flash attention (`attention="cudnn_fp8"`, kernels/fp8_attention.py) on bf16
+linears, and with `--fp8-static` on the static FP8 linears too (checked within 15 %).
 """
 
 from __future__ import annotations
@@ -35,12 +38,19 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="also time both passes with FP8 block linears")
     parser.add_argument("--fp8-static", action="store_true",
                         help="and with static activation scales calibrated on 2 fresh inputs like the timed one")
+    parser.add_argument("--fp8-attention", action="store_true",
+                        help="also with cuDNN FP8 attention (Hopper GPU; with --fp8-static also on static FP8 linears)")
     parser.add_argument("--out", default="", help="results JSON")
     args = parser.parse_args()
+    if args.fp8_attention and args.small:
+        parser.error("--fp8-attention: cuDNN's FP8 attention needs the GPU sizes (not --small)")
 
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    if args.fp8_attention and jax.default_backend() != "gpu":
+        parser.error("--fp8-attention needs a GPU (cuDNN FP8 attention, Hopper)")
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from rynn_jax.models.dit import WanDiTConfig
@@ -83,7 +93,7 @@ def main() -> None:
     ref = np.asarray(block(hidden(state, z, t, ctx_policy)), np.float32)
     checks["features_match_hidden"] = bool(np.allclose(np.asarray(f, np.float32), ref, rtol=1e-3, atol=1e-3))
 
-    def fp8_rows(prefix: str, variant) -> None:
+    def fp8_rows(prefix: str, variant, tolerance: float = 0.1) -> None:
         """Both passes of an FP8 variant, timed and checked against the bf16 features."""
         graphdef_v, state_v = nnx.split(variant)
         forward_v = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_v, s)(*z, t, ctx))
@@ -94,31 +104,34 @@ def main() -> None:
             time_ms(lambda: block(forward_v(state_v, z, t, ctx)), 2, args.iters))
         fv, f32 = np.asarray(block(features_v(state_v, z, t, ctx_policy)), np.float32), np.asarray(f, np.float32)
         rows[f"{prefix}_features_rel_l2"] = float(np.linalg.norm(fv - f32) / np.linalg.norm(f32))
-        checks[f"{prefix}_features_close"] = rows[f"{prefix}_features_rel_l2"] <= 0.1
+        checks[f"{prefix}_features_close"] = rows[f"{prefix}_features_rel_l2"] <= tolerance
         rows[f"{prefix}_features_ms"] = statistics.median(
             time_ms(lambda: block(features_v(state_v, z, t, ctx_policy)), 2, args.iters))
 
-    if args.fp8 or args.fp8_static:
-        from rynn_jax.models.fp8 import calibrate, quantize_dit
+    from rynn_jax.models.fp8 import calibrate, quantize_dit, with_fp8_attention
 
+    if args.fp8_attention:
+        fp8_rows("fp8_attention", with_fp8_attention(model), tolerance=0.15)
+    if args.fp8 or args.fp8_static:
         q = quantize_dit(model)
         if args.fp8:
             fp8_rows("fp8", q)
         if args.fp8_static:  # calibrated with the forward (every block) on inputs drawn as the timed ones
             fresh = [[jax.random.normal(jax.random.fold_in(key, 100 + 3 * k + i), z[0].shape, jnp.float32)
                       for i in range(3)] for k in range(2)]
-            fp8_rows("fp8_static", calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False))
+            static = calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False)
+            fp8_rows("fp8_static", static)
+            if args.fp8_attention:
+                fp8_rows("fp8_static_attention", with_fp8_attention(static), tolerance=0.15)
 
     result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small,
               "tokens_per_branch": tokens, "params": param_count(cfg), "feature_layer": feature_layer, **rows,
               "checks": checks}
+    variants = [p for p in ("fp8", "fp8_static", "fp8_attention", "fp8_static_attention") if f"{p}_forward_ms" in rows]
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
           f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"
-          + (f"; fp8: forward {rows['fp8_forward_ms']:.1f} ms, features {rows['fp8_features_ms']:.1f} ms "
-             f"(rel. L2 {rows['fp8_features_rel_l2']:.3f})" if args.fp8 else "")
-          + (f"; fp8 static: forward {rows['fp8_static_forward_ms']:.1f} ms, features "
-             f"{rows['fp8_static_features_ms']:.1f} ms (rel. L2 {rows['fp8_static_features_rel_l2']:.3f})"
-             if args.fp8_static else "") + f"; checks {checks}")
+          + "".join(f"; {p}: forward {rows[f'{p}_forward_ms']:.1f} ms, features {rows[f'{p}_features_ms']:.1f} ms "
+                    f"(rel. L2 {rows[f'{p}_features_rel_l2']:.3f})" for p in variants) + f"; checks {checks}")
     if args.out:
         write_json(args.out, result)
     if not all(checks.values()):

@@ -136,7 +136,7 @@ def export_causal_step(model, ccfg, scfg, out_dir: str | pathlib.Path, *, batch:
 
     platforms = None if platforms is None else tuple(platforms)
     impl = attention_impl(model.cfg, jnp.dtype(model.cfg.dtype))
-    if platforms not in (None, ("cuda",)) and impl == "cudnn":
+    if platforms not in (None, ("cuda",)) and impl in ("cudnn", "cudnn_fp8"):
         raise ValueError(f"export for {platforms}: the model's attention resolves to cuDNN, which lowers for "
                          "CUDA only; set model.attention='xla' (or platforms=('cuda',))")
     out = pathlib.Path(out_dir)

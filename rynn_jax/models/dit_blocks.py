@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rynn_jax.kernels import fp8_attention
 from rynn_jax.models import rope
 from rynn_jax.models.dit_config import WanDiTConfig
 from rynn_jax.models.fp8_linear import Fp8Linear
@@ -84,9 +85,13 @@ def attention(cfg: WanDiTConfig, q_blnh: jax.Array, k_bsnh: jax.Array, v_bsnh: j
     # K/V pinned too: left to propagation they can pick up the FSDP-sharded weights' layout,
     # which cuDNN attention's partitioner rejects (seen on 2 H200s with fsdp=2).
     k_bsnh, v_bsnh = (constrain(a, ("act_batch", "act_kv_len", "act_heads", None)) for a in (k_bsnh, v_bsnh))
-    out_blnh = jax.nn.dot_product_attention(
-        q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
-        implementation=attention_impl(cfg, q_blnh.dtype))
+    impl = attention_impl(cfg, q_blnh.dtype)
+    if impl == "cudnn_fp8" and mask_bnls is None and kv_len_b is None:
+        out_blnh = fp8_attention.cudnn_attention(q_blnh, k_bsnh, v_bsnh)
+    else:
+        out_blnh = jax.nn.dot_product_attention(
+            q_blnh, k_bsnh, v_bsnh, mask=mask_bnls, key_value_seq_lengths=kv_len_b,
+            implementation="cudnn" if impl == "cudnn_fp8" else impl)
     return out_blnh.reshape(*out_blnh.shape[:2], cfg.dim)
 
 

@@ -34,6 +34,9 @@ class BackboneConfig:
     # static FP8 activation scales instead of per-token ones: a file fp8.save_scales wrote for this
     # backbone after fp8.calibrate (needs fp8)
     fp8_scales: str = ""
+    # the backbone's unmasked attention as cuDNN's FP8 flash attention (Hopper GPU;
+    # kernels/fp8_attention.py), with bf16 or FP8 linears
+    fp8_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8_scales and not self.fp8:

@@ -98,6 +98,10 @@ class World4DFeatures:
             dit = quantize_dit(dit)
             if bb.fp8_scales:
                 dit = with_static_scales(dit, load_scales(bb.fp8_scales))
+        if bb.fp8_attention:
+            from rynn_jax.models.fp8 import with_fp8_attention
+
+            dit = with_fp8_attention(dit)
         z = dit.cfg.in_channels
         if bb.vae == "tiny":
             vae = vae_lib.init_vae(vae_lib.WanVAEConfig.tiny(z_dim=z, latents_mean=(0.0,) * z, latents_std=(1.0,) * z), 2)
