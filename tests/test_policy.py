@@ -310,6 +310,7 @@ def test_parallel_trials_equal_sequential(tmp_path):
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     assert [r["seed"] for r in two] == [100_000, 100_001, 100_002]
     assert one == two
+    assert t1["untrained"]["push_block"]["unstable"] == sum(r["unstable"] for r in one)
 
 
 def test_receding_horizon_observes_every_execute_frames():

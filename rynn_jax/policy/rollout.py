@@ -179,12 +179,13 @@ def frame_strip(video_thw3: np.ndarray, n: int = STRIP_FRAMES) -> np.ndarray:
     return np.concatenate(list(video_thw3[idx]), axis=1)
 
 
-def update_table(out: Path, method: str, task: str, successes: int, trials: int) -> dict:
-    """Merge one (method, task) cell into <out>/success.json and rewrite success.md."""
+def update_table(out: Path, method: str, task: str, successes: int, trials: int, unstable: int = 0) -> dict:
+    """Merge one (method, task) cell into <out>/success.json and rewrite success.md. `unstable`:
+    trials that ended with an object flung (counted as failures; in the JSON only)."""
     path = out / "success.json"
     table = json.loads(path.read_text()) if path.exists() else {}
     table.setdefault(method, {})[task] = {"successes": successes, "trials": trials,
-                                          "rate": round(successes / trials, 4)}
+                                          "rate": round(successes / trials, 4), "unstable": unstable}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(table, indent=1))
     os.replace(tmp, path)
@@ -280,13 +281,14 @@ def evaluate(spec: ActorSpec, tasks: list[str], episodes: int, out: str | os.Pat
             jobs = [(task, seed + i, resolution, time_limit_s, execute, str(d) if videos else "")
                     for i in range(episodes)]
             results = pool.imap(_trial, jobs) if pool else map(_trial, jobs)
-            wins = 0
+            wins = unstable = 0
             with open(d / "trials.jsonl", "w") as log:
                 for r in results:  # in seed order
                     wins += r["success"]
+                    unstable += r.get("unstable", False)
                     log.write(json.dumps(r) + "\n")
                     print(json.dumps({k: r[k] for k in ("task", "seed", "success", "frames", "wall_s")}), flush=True)
-            table = update_table(out, spec.label, task, wins, episodes)
+            table = update_table(out, spec.label, task, wins, episodes, unstable)
     finally:
         if pool:
             pool.terminate()
