@@ -148,7 +148,7 @@ def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features
     if ref_features is not None:  # FP8 GEMMs move the features a little, never a lot
         err = float(np.linalg.norm(features - ref_features) / np.linalg.norm(ref_features))
         limit = 0.2 if fp8_attention else 0.15
-        checks.rows.append(dict(check=f"{name}: features within {limit:.0%} of bf16 (rel L2 {err:.3f})",
+        checks.rows.append(dict(check=f"{name}: features within {limit * 100:.0f} % of bf16 (rel L2 {err:.3f})",
                                 ok=0 < err <= limit))
         extra["features_rel_l2_vs_bf16"] = err
     return {"size": name, "encoder": cfg.encoder, "image_size": [h, w], "trainable_params": model.count_params(cfg),
