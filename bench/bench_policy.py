@@ -173,7 +173,8 @@ def main() -> None:
     a = p.parse_args()
     if "synthetic" in a.size and not os.path.isdir(a.synthetic_dit):
         p.error(f"--synthetic-dit {a.synthetic_dit}: no such directory (the synthetic RynnWorld-4D stage-3 export)")
-    if a.fp8 or a.fp8_static or a.fp8_attention:  # cuBLASLt FP8 GEMMs, not one autotuned Triton kernel per linear (models/fp8.py)
+    # cuBLASLt FP8 GEMMs, not one autotuned Triton kernel per linear (models/fp8.py)
+    if a.fp8 or a.fp8_static or a.fp8_attention:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false").strip()
     import jax
 

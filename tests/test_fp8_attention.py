@@ -58,8 +58,9 @@ def _round_trip(a):
 def test_emulation_is_close_to_float64_attention():
     """The emulated FP8 attention equals float64 attention of the e4m3-rounded q, k, v with its
     output rounded on v's scale, up to the rounding of P̃ (scaled by 448, so probabilities ≈ 1/320
-    stay in e4m3's normal range), which moves some outputs across an e4m3 step: ≤ 4 % here. Against exact attention the error is the inputs'
-    rounding: ≈ 8 % rel L2 for these fairly sharp scores (std 2.2), most of it from q and k."""
+    stay in e4m3's normal range), which moves some outputs across an e4m3 step: ≤ 4 % here. Against
+    exact attention the error is the inputs' rounding: ≈ 8 % rel L2 for these fairly sharp scores
+    (std 2.2), most of it from q and k."""
     q, k, v = _qkv(1)
     want = _attention64(q, k, v)
     got = fp8_attention.emulated_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)))
