@@ -14,7 +14,7 @@ finite, features of the right shape, and the feature pass equal to the same bloc
 forward's code (`WanDiT4D.hidden` with num_layers = 16). `--fp8` adds both passes with the three branches'
 block linears as FP8 GEMMs (`models/fp8.quantize_dit`, the policy's `backbone.fp8`), timed in the same
 run, and checks their features within 10 % relative L2 of the bf16 ones. `--fp8-attention` adds the
-passes with cuDNN's FP8 flash attention (`attention="cudnn_fp8"`, kernels/fp8_attention.py) on bf16
+passes with cuDNN's FP8 flash attention (`attention="cudnn_fp8"`, models/fp8_attention.py) on bf16
 linears, and with `--fp8-static` on the static FP8 linears too (checked within 15 %).
 """
 

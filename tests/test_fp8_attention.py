@@ -1,4 +1,4 @@
-"""FP8 attention (kernels/fp8_attention.py): the per-tensor e4m3 quantization against its closed
+"""FP8 attention (models/fp8_attention.py): the per-tensor e4m3 quantization against its closed
 form, the float32 emulation of cuDNN's FP8 flash attention against float64 attention, and on a
 Hopper GPU the cuDNN kernel against the emulation and a model run with attention="cudnn_fp8"."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rynn_jax.kernels import fp8_attention
+from rynn_jax.models import fp8_attention
 
 ON_GPU = jax.default_backend() == "gpu"
 

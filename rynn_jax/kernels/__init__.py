@@ -2,7 +2,5 @@
 
 conv_kernel.py: the Hopper implicit-GEMM conv (Pallas Mosaic GPU), bf16 or FP8 (study and numbers:
 conv_kernel.md); vae_conv.py: that kernel plugged into models/vae.py as its injected conv;
-vae_fp8.py: static FP8 activation scales for it (calibration, scale files, what serving picks);
-fp8_attention.py: cuDNN's FP8 flash attention for the DiTs (`attention="cudnn_fp8"`) and its
-float32 emulation.
+vae_fp8.py: static FP8 activation scales for it (calibration, scale files, what serving picks).
 """

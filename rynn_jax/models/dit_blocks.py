@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rynn_jax.kernels import fp8_attention
+from rynn_jax.models import fp8_attention
 from rynn_jax.models import rope
 from rynn_jax.models.dit_config import WanDiTConfig
 from rynn_jax.models.fp8_linear import Fp8Linear

@@ -28,7 +28,7 @@ class WanDiTConfig:
     dtype: str = "float32"  # compute dtype of matmuls/attention ("bfloat16" for speed)
     param_dtype: str = "float32"  # storage dtype of parameters
     # auto: cuDNN flash on GPU in bf16/fp16; "cudnn_fp8": unmasked attention as cuDNN's FP8 flash
-    # attention (serving, Hopper; kernels/fp8_attention.py), masked attention as "cudnn"
+    # attention (serving, Hopper; models/fp8_attention.py), masked attention as "cudnn"
     attention: Literal["auto", "xla", "cudnn", "cudnn_fp8"] = "auto"
     # Activation checkpointing per block: "full" saves nothing, "save_dots" the linear layers'
     # outputs, "save_dots_attn" those and the cuDNN attention outputs (_REMAT_POLICIES).

@@ -77,7 +77,7 @@ def _with_activations(model: Any, mode: str) -> Any:
 def with_fp8_attention(model: M) -> M:
     """The same model (a WanDiT or WanDiT4D, any FP8 linear state; weights shared, not copied)
     with attention="cudnn_fp8": its unmasked attention as cuDNN's FP8 flash attention
-    (kernels/fp8_attention.py; a Hopper GPU)."""
+    (models/fp8_attention.py; a Hopper GPU)."""
     base = dataclasses.replace(_base(model)[0], attention="cudnn_fp8")
     cfg = dataclasses.replace(model.cfg, base=base) if _is_4d(model) else base
     graphdef, _ = nnx.split(build.abstract_model(type(model), cfg))

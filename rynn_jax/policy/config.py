@@ -35,7 +35,7 @@ class BackboneConfig:
     # backbone after fp8.calibrate (needs fp8)
     fp8_scales: str = ""
     # the backbone's unmasked attention as cuDNN's FP8 flash attention (Hopper GPU;
-    # kernels/fp8_attention.py), with bf16 or FP8 linears
+    # models/fp8_attention.py), with bf16 or FP8 linears
     fp8_attention: bool = False
 
     def __post_init__(self) -> None:
