@@ -68,9 +68,9 @@ def _base(model: Any) -> tuple[WanDiTConfig, nnx.Module]:
     return (model.cfg.base, model.base.blocks) if _is_4d(model) else (model.cfg, model.blocks)
 
 
-def _with_activations(model: Any, mode: str) -> Any:
-    """The model's config with the blocks' FP8 activation scaling set to `mode`."""
-    base = dataclasses.replace(_base(model)[0], fp8_activations=mode)
+def _with_base(model: Any, **fields: Any) -> Any:
+    """The model's config with these fields of its DiT config (a WanDiT4D's: its `base`) replaced."""
+    base = dataclasses.replace(_base(model)[0], **fields)
     return dataclasses.replace(model.cfg, base=base) if _is_4d(model) else base
 
 
@@ -78,9 +78,7 @@ def with_fp8_attention(model: M) -> M:
     """The same model (a WanDiT or WanDiT4D, any FP8 linear state; weights shared, not copied)
     with attention="cudnn_fp8": its unmasked attention as cuDNN's FP8 flash attention
     (models/fp8_attention.py; a Hopper GPU)."""
-    base = dataclasses.replace(_base(model)[0], attention="cudnn_fp8")
-    cfg = dataclasses.replace(model.cfg, base=base) if _is_4d(model) else base
-    graphdef, _ = nnx.split(build.abstract_model(type(model), cfg))
+    graphdef, _ = nnx.split(build.abstract_model(type(model), _with_base(model, attention="cudnn_fp8")))
     return nnx.merge(graphdef, nnx.state(model))
 
 
@@ -89,14 +87,9 @@ def quantize_dit(model: M) -> M:
     linears; the joint attention stays in the model's dtype): same config with fp8=True, every
     Fp8Linear's kernel and kernel_scale from quantizing the source kernel (all stacked layers at
     once), every other variable the source's array unchanged (shared, so bit-exact)."""
-    from rynn_jax.models.dit4d import WanDiT4D
-
-    four_d = isinstance(model, WanDiT4D)
-    base = model.cfg.base if four_d else model.cfg
-    if base.fp8:
+    if _base(model)[0].fp8:
         raise ValueError("quantize_dit: the model is already fp8 (cfg.fp8=True)")
-    base = dataclasses.replace(base, fp8=True, fp8_activations="per_token")
-    cfg = dataclasses.replace(model.cfg, base=base) if four_d else base
+    cfg = _with_base(model, fp8=True, fp8_activations="per_token")
     graphdef, target = nnx.split(build.abstract_model(type(model), cfg))  # eager sharding off inside
     want = flatten_params(nnx.to_pure_dict(target), str_keys=False)
     src = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)
@@ -266,7 +259,7 @@ def with_static_scales(model: M, scales: dict[str, Any]) -> M:
     if not cfg.fp8 or cfg.fp8_activations != "per_token" or isinstance(blocks, nnx.List):
         raise ValueError("with_static_scales: expects quantize_dit's output (stacked layers, per-token activation "
                          f"scales); got fp8={cfg.fp8}, fp8_activations={cfg.fp8_activations!r}")
-    graphdef, target = nnx.split(build.abstract_model(type(model), _with_activations(model, "static")))
+    graphdef, target = nnx.split(build.abstract_model(type(model), _with_base(model, fp8_activations="static")))
     want = {".".join(p): tuple(v.shape) for p, v in flatten_params(nnx.to_pure_dict(target)).items()
             if p[-1] == "input_scale"}
     values = flatten_params(nnx.to_pure_dict(nnx.state(model)), str_keys=False)

@@ -166,8 +166,7 @@ class World4DFeatures:
         `fp8.save_scales(path, result)` writes the file `backbone.fp8_scales` reads."""
         from rynn_jax.models import fp8
 
-        if not self.cfg.backbone.fp8 or self.cfg.backbone.fp8_scales:
-            raise ValueError("calibrate_fp8: needs backbone.fp8 with per-token scales (no fp8_scales)")
+        self._require_per_token_fp8("calibrate_fp8")
 
         def run(dit, obs):
             rgb, depth, goal, rng = obs
@@ -177,15 +176,18 @@ class World4DFeatures:
         return fp8.calibrate(nnx.merge(self._dit_def, self.params["dit"]), run, observations, margin=margin,
                              progress=False, layers=self.cfg.backbone.layer + 1)
 
+    def _require_per_token_fp8(self, caller: str) -> None:
+        if not self.cfg.backbone.fp8 or self.cfg.backbone.fp8_scales:
+            raise ValueError(f"{caller}: needs backbone.fp8 with per-token scales (no fp8_scales)")
+
     def with_static_scales(self, scales: dict[str, np.ndarray], source: str = "in memory") -> "World4DFeatures":
         """This per-token FP8 backbone with static activation scales (`fp8.static_scales` of
         `calibrate_fp8`'s result): what `backbone.fp8_scales = source` builds, without building or
         loading the backbone again (same weights, shared)."""
         from rynn_jax.models import fp8
 
+        self._require_per_token_fp8("with_static_scales")
         bb = self.cfg.backbone
-        if not bb.fp8 or bb.fp8_scales:
-            raise ValueError("with_static_scales: needs backbone.fp8 with per-token scales (no fp8_scales)")
         new = copy.copy(self)
         new._dit_def, dit_state = nnx.split(fp8.with_static_scales(nnx.merge(self._dit_def, self.params["dit"]), scales))
         new.params = {**self.params, "dit": dit_state}

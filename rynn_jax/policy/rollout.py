@@ -112,13 +112,12 @@ class Camera:
 
 def succeeded(scene: scenes.Scene, d: mujoco.MjData, robot) -> tuple[bool, dict]:
     """The sim's own verdict: the task's goal on this state, nothing still held, and a stable
-    simulation so far (the data generator's check: no object ever faster than MAX_OBJECT_SPEED at
-    a frame end, all finite; an arm driven to far targets at full servo speed can fling a block
-    over the goal line, which is not a success)."""
-    from rynn_jax.sim.episode import MAX_OBJECT_SPEED, goal_reached
+    simulation so far (the data generator's check, `episode.unstable`: an arm driven to far
+    targets at full servo speed can fling a block over the goal line, which is not a success)."""
+    from rynn_jax.sim import episode
 
-    unstable = not np.isfinite(d.qpos).all() or robot.max_speed > MAX_OBJECT_SPEED
-    ok, measured = goal_reached(scene, d)
+    unstable = episode.unstable(d.qpos, robot.max_speed)
+    ok, measured = episode.goal_reached(scene, d)
     held = [o for o in robot.attached.values() if o is not None]
     return bool(ok and not held and not unstable), {
         "goal": measured, "goal_reached": ok, "held": held, "unstable": unstable,

@@ -426,6 +426,13 @@ def goal_reached(scene: scenes.Scene, d: mujoco.MjData) -> tuple[bool, dict]:
     return bool(ok), out
 
 
+def unstable(qpos: np.ndarray, max_object_speed: float) -> bool:
+    """An unreliable simulation: non-finite state, or an object ever faster than MAX_OBJECT_SPEED
+    at a frame end (flung by the contact solver). Generated episodes with it are dropped; a
+    closed-loop trial with it fails."""
+    return bool(not np.isfinite(qpos).all() or max_object_speed > MAX_OBJECT_SPEED)
+
+
 def sanity_checks(scene: scenes.Scene, sim: dict, ret: dict, actions: np.ndarray) -> list[str]:
     """Physical sanity: joint limits, interpenetration, stability, tracking, grasps."""
     m = scene.model
@@ -439,7 +446,7 @@ def sanity_checks(scene: scenes.Scene, sim: dict, ret: dict, actions: np.ndarray
         fails.append(f"interpenetration {sim['max_penetration']['rigid'] * 1e3:.1f} mm")
     if sim["max_penetration"]["soft"] > 2 * PENETRATION_TOL:
         fails.append(f"soft interpenetration {sim['max_penetration']['soft'] * 1e3:.1f} mm")
-    if not np.isfinite(sim["qpos"]).all() or sim["max_object_speed"] > MAX_OBJECT_SPEED:
+    if unstable(sim["qpos"], sim["max_object_speed"]):
         fails.append(f"unstable simulation (object speed {sim['max_object_speed']:.2f} m/s)")
     if np.max(ret["ik_pos_err"]) > 0.01:
         fails.append(f"IK error {np.max(ret['ik_pos_err']) * 1e3:.1f} mm")
