@@ -182,26 +182,30 @@ def main() -> None:
         p.error("--fp8-attention needs a GPU (cuDNN FP8 attention, Hopper)")
     checks = Checks()
     rows = []
-    for s in a.size:
-        row, features = bench(s, a.iters, checks, synthetic_dit=a.synthetic_dit)
-        rows.append(row)
-        if a.fp8 and s in FP8_SIZES:
-            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, synthetic_dit=a.synthetic_dit)[0])
-        if a.fp8_static and s in FP8_SIZES:
-            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
-                              synthetic_dit=a.synthetic_dit)[0])
-        if a.fp8_attention and s in FP8_SIZES:
-            rows.append(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
-                              synthetic_dit=a.synthetic_dit, fp8_attention=True)[0])
-        del features
     dev = jax.devices()[0]
+    # each row is printed as it finishes: a run stopped by a time limit still reports what it timed
     print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")
     print("| size | encoder | image | trainable params | step ms | vision ms | head + rest ms | chunks/s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['size']} | {r['encoder']} | {r['image_size'][0]}×{r['image_size'][1]} | "
-              f"{r['trainable_params'] / 1e6:.1f}M | {r['step_ms']:.1f} | {r['vision_ms']:.1f} | "
-              f"{r['head_and_rest_ms']:.1f} | {r['chunks_per_s']:.2f} |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(f"| {row['size']} | {row['encoder']} | {row['image_size'][0]}×{row['image_size'][1]} | "
+              f"{row['trainable_params'] / 1e6:.1f}M | {row['step_ms']:.1f} | {row['vision_ms']:.1f} | "
+              f"{row['head_and_rest_ms']:.1f} | {row['chunks_per_s']:.2f} |", flush=True)
+
+    for s in a.size:
+        row, features = bench(s, a.iters, checks, synthetic_dit=a.synthetic_dit)
+        add(row)
+        if a.fp8 and s in FP8_SIZES:
+            add(bench(s, a.iters, checks, fp8=True, ref_features=features, synthetic_dit=a.synthetic_dit)[0])
+        if a.fp8_static and s in FP8_SIZES:
+            add(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
+                      synthetic_dit=a.synthetic_dit)[0])
+        if a.fp8_attention and s in FP8_SIZES:
+            add(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
+                      synthetic_dit=a.synthetic_dit, fp8_attention=True)[0])
+        del features
     if a.out:
         write_json(a.out, {"device": dev.device_kind, "platform": dev.platform, "rows": rows, "checks": checks.rows})
     checks.exit_if_failed()

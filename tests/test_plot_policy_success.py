@@ -42,3 +42,26 @@ def test_bad_rows_are_refused(tmp_path, rows, capsys):
     with pytest.raises(SystemExit):
         _load().main(["--table", str(_table(tmp_path)), "--rows", *rows, "--out", str(tmp_path / "x.png")])
     assert "want ROW=X" in capsys.readouterr().err
+
+
+def test_bars_merge_tables(tmp_path):
+    table = _table(tmp_path)
+    other = tmp_path / "scripted.json"
+    other.write_text(json.dumps({"scripted": json.loads(table.read_text())["ref"]}))
+    out = tmp_path / "bars.png"
+    assert _load().main(["--bars", "--table", str(table), str(other), "--rows", "a=(a) 4D", "b=(b) RGB",
+                         "--reference", "scripted", "--out", str(out)]) == 0
+    from PIL import Image
+
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.size[0] > 400 and im.size[1] > 200
+
+
+def test_repeated_rows_across_tables_and_labels_without_bars_are_refused(tmp_path, capsys):
+    table = _table(tmp_path)
+    with pytest.raises(SystemExit):
+        _load().main(["--table", str(table), str(table), "--rows", "a=1", "--out", str(tmp_path / "x.png")])
+    assert "already read" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _load().main(["--table", str(table), "--rows", "a=(a) 4D", "--out", str(tmp_path / "x.png")])
+    assert "labels need --bars" in capsys.readouterr().err

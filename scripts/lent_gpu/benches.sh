@@ -8,10 +8,11 @@
 # The static-FP8 rows calibrate a full-size model first: expect ≈ 4 min each for world4d and policy
 # on one H100; with little budget left, BENCHES=policy alone (its ≥ 5 chunks/s row) first.
 # BENCHES=fp8attn: cuDNN FP8 attention — its GPU tests (tests/test_fp8_attention.py, against the
-# float32 emulation), then the policy step and the 4D passes with static FP8 linears, without and
-# with FP8 attention (≈ 3 + 4 min on one H100).
+# float32 emulation; JAX_PLATFORMS=cuda, else tests/conftest.py pins the CPU and they skip), then
+# the policy step and the 4D passes with static FP8 linears, without and with FP8 attention
+# (the policy bench alone ran over 4 min once: give it ≥ 6, its rows print as they finish).
 set -u
-export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cd 'A-Za-z0-9' | tr 'A-Z' 'a-z')
 card=${card#nvidia}
@@ -21,7 +22,7 @@ for b in ${BENCHES:-world4d fvd policy}; do
     world4d) python3 bench/bench_world4d.py --fp8 --fp8-static --out "$OUT/world4d_$card.json" ;;
     policy) python3 bench/bench_policy.py --size full --fp8 --fp8-static --out "$OUT/policy_fp8_$card.json" ;;
     fvd) python3 bench/bench_eval.py --stages fvd --out "$OUT/eval_fvd_$card.json" ;;
-    fp8attn) python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_fp8_attention.py
+    fp8attn) JAX_PLATFORMS=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_fp8_attention.py
              python3 bench/bench_policy.py --size full --fp8-static --fp8-attention --out "$OUT/policy_fp8attn_$card.json"
              python3 bench/bench_world4d.py --fp8-static --fp8-attention --out "$OUT/world4d_fp8attn_$card.json" ;;
   esac 2>&1 | grep -v -i warning | tail -30 | tee -a "$OUT/benches.log"

@@ -14,7 +14,8 @@
 # STAGES="data preencode distill_a distill_b distill_export".
 # Policy stages (docs/POLICY.md; they run last): policy_data (scripted episodes, attempt seeds 0, 1, …,
 # into data/sim: POLICY_EPISODES per task, POLICY_TASKS, POLICY_RESOLUTION), policy (POLICIES:
-# configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS,
+# configs/policy.py variants cnn / world4d / world4d_rgb, or recipe files[:arg]; each ≤ POLICY_SECONDS;
+# `scripted`: no training, the scripted operator evaluated beside the others = row (d),
 # into runs/policy_<name>/; POLICY_STEPS: total_steps with the SPEC's 2 % warm-up and a POLICY_HOLD % hold
 # (default the SPEC's 8; set POLICY_STEPS to what POLICY_SECONDS holds, or the decay never comes);
 # POLICY_DIT / POLICY_VAE: the RynnWorld-4D weights the world4d variants need (skipped when unset; a path
@@ -191,6 +192,7 @@ if has policy_data; then  # synchronous: the trainer reads action_stats.json, wr
 fi
 if has policy; then
   for r in ${POLICIES:-cnn}; do
+    [ "$r" = scripted ] && continue
     n=$(pol_name "$r"); run=runs/policy_$n; args=()
     four_d=; [[ $n == *world4d* && $n != *cnn ]] && four_d=1  # world4d_synthetic_cnn reads no backbone
     if [ -n "$four_d" ]; then
@@ -223,9 +225,10 @@ if has policy; then
 fi
 if has policy_eval; then  # videos and 6-frame strips per trial; pack.sh brings back all but the videos
   for r in ${POLICIES:-cnn}; do
-    n=$(pol_name "$r"); exp=runs/policy_$n/export
-    [ -f "$exp/config.json" ] || { log "policy_eval $n skipped: no $exp"; continue; }
-    python3 "$REPO/serve.py" policy --task "$PTASKS" --episodes "${POLICY_TRIALS:-35}" --policy "$exp" --name "$n" \
+    n=$(pol_name "$r"); exp=runs/policy_$n/export; src=(--policy "$exp")
+    if [ "$r" = scripted ]; then src=(--scripted)
+    else [ -f "$exp/config.json" ] || { log "policy_eval $n skipped: no $exp"; continue; }; fi
+    python3 "$REPO/serve.py" policy --task "$PTASKS" --episodes "${POLICY_TRIALS:-35}" "${src[@]}" --name "$n" \
       --resolution "$PRES" --workers "${POLICY_EVAL_WORKERS:-14}" --out out/policy > "out/policy_eval_$n.log" 2>&1
     log "policy_eval $n rc=$? $(grep "^| $n |" out/policy/success.md 2>/dev/null)"
   done
