@@ -25,6 +25,6 @@ for b in ${BENCHES:-world4d fvd policy}; do
     fp8attn) JAX_PLATFORMS=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_fp8_attention.py
              python3 bench/bench_policy.py --size full --fp8-static --fp8-attention --out "$OUT/policy_fp8attn_$card.json"
              python3 bench/bench_world4d.py --fp8-static --fp8-attention --out "$OUT/world4d_fp8attn_$card.json" ;;
-  esac 2>&1 | grep -v -i warning | tail -30 | tee -a "$OUT/benches.log"
+  esac 2>&1 | grep --line-buffered -v -i warning | tee -a "$OUT/benches.log"  # no tail: a stopped run keeps its rows
 done
 nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader | tee -a "$OUT/benches.log"
