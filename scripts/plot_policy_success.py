@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = np.array([c["successes"] / c["trials"] for c in cells])
         return rate, np.sqrt(rate * (1 - rate) / np.array([c["trials"] for c in cells]))
 
+    reference = rate_se([table[a.reference][t] for t in tasks])[0] if a.reference else None
     fig, ax = plt.subplots(figsize=(7.2, 3.8), dpi=110)
     if a.bars:
         width = 0.8 / len(rows)
@@ -71,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             rate, se = rate_se([table[name][t] for t in tasks])
             xs = np.arange(len(tasks)) - 0.4 + width * (j + 0.5)
             ax.bar(xs, 100 * rate, width, yerr=100 * se, capsize=2, color=f"C{j}", label=label)
-        if a.reference:
-            ax.hlines(100 * rate_se([table[a.reference][t] for t in tasks])[0], np.arange(len(tasks)) - 0.45,
-                      np.arange(len(tasks)) + 0.45, colors="k", linestyles=":", linewidth=1)
+        if reference is not None:
+            ax.hlines(100 * reference, np.arange(len(tasks)) - 0.45, np.arange(len(tasks)) + 0.45, colors="k",
+                      linestyles=":", linewidth=1)
         ax.set_xticks(np.arange(len(tasks)), tasks)
         ax.set_ylim(0, 105)
     else:
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             rate, se = rate_se([table[name][task] for name, _ in rows])
             ax.errorbar([x for _, x in rows], 100 * rate, yerr=100 * se, marker="o", capsize=3, color=f"C{i}",
                         label=task)
-            if a.reference:
-                ax.axhline(100 * table[a.reference][task]["rate"], color=f"C{i}", linestyle=":", linewidth=1)
+            if reference is not None:
+                ax.axhline(100 * reference[i], color=f"C{i}", linestyle=":", linewidth=1)
         ax.set_xscale("log")
         ax.minorticks_off()
         ax.set_xticks([x for _, x in rows], [f"{x:g}" for _, x in rows])
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(a.out)
     print(f"wrote {a.out}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
