@@ -87,13 +87,17 @@ def test_cudnn_fp8_refused_off_gpu():
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU (cuDNN FP8 attention, Hopper)")
 def test_cudnn_fp8_attention_matches_its_emulation():
+    """The kernel's error against exact attention is the emulation's (both ≈ 8.3 % rel L2 on these
+    inputs: 0.0829 on an H100 with cuDNN 9, 0.0829 emulated; bf16 inputs alone cost 0.5 %), and the
+    two outputs are close to each other."""
     q, k, v = _qkv(3, l=1024, s=1024, n=4, h=128)
     want = _attention64(q, k, v)
     args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
     got = jax.jit(fp8_attention.cudnn_attention)(*args)
     emulated = fp8_attention.emulated_attention(*args)
     assert got.dtype == jnp.bfloat16 and got.shape == q.shape
-    assert _rel(got, want) < 0.08, _rel(got, want)
+    err, err_emulated = _rel(got, want), _rel(emulated, want)
+    assert 0.01 < err < 0.12 and abs(err - err_emulated) < 0.01, (err, err_emulated)
     assert _rel(got, np.asarray(emulated, np.float64)) < 0.05
 
 
