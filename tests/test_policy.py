@@ -282,6 +282,28 @@ def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
         config_lib.BackboneConfig(dit="tiny", vae="tiny", fp8_scales="x.safetensors")
 
 
+def test_world4d_latents_are_the_vae_of_rgb_depth_and_white():
+    """The backbone's frame 0 per branch is the VAE latent of the RGB image, the depth image and an
+    all-white image (zero flow), the last encoded once at build time; frames after it are the noise
+    of the given key; frame 0 is clean. Oracle: the VAE's own encode of the three images."""
+    from rynn_jax.models import vae as vae_lib
+    from rynn_jax.policy.encoders import World4DFeatures, to_unit
+
+    cfg = config_lib.PolicyConfig.tiny("world4d")
+    enc = World4DFeatures(cfg)
+    h, w = cfg.backbone.image_size
+    rng = np.random.default_rng(5)
+    rgb, depth = (rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8) for _ in range(2))
+    z, t_bf = jax.jit(enc.latents)(enc.params, rgb, depth, jax.random.key(1))
+    images = [to_unit(jnp.asarray(rgb)), to_unit(jnp.asarray(depth)), jnp.ones((2, h, w, 3))]
+    for branch, image in zip(z, images):
+        want = vae_lib.encode(enc._vae_def, enc.params["vae"], image[:, None])[:, 0]
+        np.testing.assert_allclose(np.asarray(branch[:, 0]), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(z[0][:, 0]), np.asarray(z[2][:, 0]), atol=1e-3)  # distinct images
+    assert z[0].shape == (2, cfg.backbone.latent_frames, *z[0].shape[2:])
+    assert np.all(np.asarray(t_bf[:, 0]) == 0) and np.all(np.asarray(t_bf[:, 1:]) == cfg.backbone.timestep)
+
+
 def test_policy_inference_imports_no_data_readers():
     """The control step (and bench/bench_policy.py) imports neither grain, PyAV nor MuJoCo, so it runs
     where only jax/flax are installed; the action statistics' reader loads when they are read."""

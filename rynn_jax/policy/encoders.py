@@ -122,7 +122,10 @@ class World4DFeatures:
             raise ValueError(f"compressor.in_dim {cfg.compressor.in_dim} ≠ the {cfg.encoder} feature width {width}")
         self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg
         (self._dit_def, dit_state), (self._vae_def, vae_state) = nnx.split(dit), nnx.split(vae)
-        self.params = {"dit": dit_state, "vae": vae_state}
+        # the flow branch's frame 0 is the same all-white image every step: encoded once, here
+        h, w = bb.image_size
+        white = jax.jit(vae_lib.encode, static_argnums=0)(self._vae_def, vae_state, jnp.ones((1, 1, h, w, 3)))
+        self.params = {"dit": dit_state, "vae": vae_state, "white_latent": white}
 
     def apply(self, params, rgb_bhw3, depth_rgb_bhw3, goal_bgk, rng):
         z, t_bf = self.latents(params, rgb_bhw3, depth_rgb_bhw3, rng)
@@ -130,16 +133,18 @@ class World4DFeatures:
 
     def latents(self, params, rgb_bhw3, depth_rgb_bhw3, rng):
         """The backbone's input: the observation (RGB, depth image, an all-ones flow image) through
-        the VAE as latent frame 0, noise after it; per-frame timesteps (frame 0 clean)."""
+        the VAE as latent frame 0, noise after it; per-frame timesteps (frame 0 clean). The flow
+        image's latent is params["white_latent"], encoded once."""
         from rynn_jax.models import vae as vae_lib
 
         bb = self.cfg.backbone
         b = rgb_bhw3.shape[0]
         h, w = bb.image_size
-        images = jnp.stack([to_unit(rgb_bhw3), to_unit(depth_rgb_bhw3), jnp.ones_like(to_unit(rgb_bhw3))])
-        images = jax.image.resize(images, (3, b, h, w, 3), "linear").reshape(3 * b, 1, h, w, 3)
-        z0 = vae_lib.encode(self._vae_def, params["vae"], images)  # (3B, 1, h', w', z)
-        z0 = z0.reshape(3, b, *z0.shape[2:])
+        images = jnp.stack([to_unit(rgb_bhw3), to_unit(depth_rgb_bhw3)])
+        images = jax.image.resize(images, (2, b, h, w, 3), "linear").reshape(2 * b, 1, h, w, 3)
+        z0 = vae_lib.encode(self._vae_def, params["vae"], images)  # (2B, 1, h', w', z)
+        white = jnp.broadcast_to(params["white_latent"], (1, b, *z0.shape[1:]))
+        z0 = jnp.concatenate([z0.reshape(2, b, *z0.shape[1:]), white])[:, :, 0]  # (3, B, h', w', z)
         noise = jax.random.normal(rng, (3, b, bb.latent_frames - 1, *z0.shape[2:]), jnp.float32)
         z = jnp.concatenate([z0[:, :, None], noise], axis=2)
         t_bf = jnp.concatenate([jnp.zeros((b, 1)), jnp.full((b, bb.latent_frames - 1), bb.timestep)], axis=1)
