@@ -220,6 +220,27 @@ def test_vae_flavour_fine_tunes_with_the_encoder_frozen(episodes, autoencoder, t
     assert h["psnr"] > h["psnr_autoencoder"] and h["streaming_max_abs_diff"] < 1e-4
 
 
+def test_vae_wide_trains_a_wider_decoder_behind_the_same_encoder(episodes, autoencoder, tmp_path, fast_compile):
+    """vae_wide: a fresh decoder of another width (12 here, the toy autoencoder's is 8); the export
+    says so in its config, its encoder half and latents are the autoencoder's bit for bit, and the
+    loss falls from the random decoder's."""
+    cfg = _cfg("vae_wide", *_overrides(episodes, autoencoder, str(tmp_path)), "total_steps=12", "ckpt.dir=",
+               "optim.lr=3e-3", "optim.warmup_steps=2")
+    assert cfg.decoder == "vae" and cfg.vae_decoder_width == 12
+    losses = dec.train(cfg)
+    assert np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
+    original, exported = load_vae(autoencoder), load_vae(cfg.export_dir)
+    assert exported.cfg == dataclasses.replace(original.cfg, decoder_base_dim=12)
+    side = lambda m: nnx.split(m, dec._encoder_side, ...)[1]  # noqa: E731
+    for a, b in zip(jax.tree.leaves(side(original)), jax.tree.leaves(side(exported)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    x = _heldout(cfg)
+    z = [jax.jit(lambda p, x, g=g: vae_lib.encode(g, p, x))(p, x) for g, p in map(nnx.split, (original, exported))]
+    np.testing.assert_array_equal(np.asarray(z[0]), np.asarray(z[1]))
+    with pytest.raises(ValueError, match="vae_decoder_width"):
+        dec.DecoderTrainConfig(decoder="tae", vae_decoder_width=64)
+
+
 def test_bad_inputs_are_one_line(episodes, autoencoder, tmp_path):
     base = _overrides(episodes, autoencoder, str(tmp_path))
     cases = [

@@ -77,6 +77,10 @@ class DecoderTrainConfig:
     ckpt: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     vae_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # decoder="vae": its compute dtype (float32 master weights)
+    # decoder="vae": 0 fine-tunes the exported decoder; N > 0 trains a new one N wide at full
+    # resolution (WanVAEConfig.decoder_base_dim) from a random init (seed), behind the same frozen
+    # encoder: more decoder capacity without changing the latents the teacher and student read.
+    vae_decoder_width: int = 0
     # Pixel MSE is what PSNR measures, the number the decoder is judged by, so it is the loss; an L1
     # term (sharper edges, less PSNR) is there to try, off by default.
     mse_weight: float = 1.0
@@ -101,6 +105,16 @@ class DecoderTrainConfig:
             raise ValueError("mse_weight and l1_weight must be ≥ 0, not both 0")
         if self.decoder == "tae" and not self.tae.decoder_only:
             raise ValueError("tae.decoder_only must be True: only a decoder is trained")
+        if self.vae_decoder_width < 0 or (self.vae_decoder_width and self.decoder != "vae"):
+            raise ValueError(f"vae_decoder_width must be ≥ 0 and only set with decoder='vae', got "
+                             f"{self.vae_decoder_width} with decoder={self.decoder!r}")
+
+
+def decoder_vae_config(cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig) -> vae_lib.WanVAEConfig:
+    """The autoencoder being trained: the exported one's config, with vae_decoder_width if set."""
+    if not cfg.vae_decoder_width:
+        return vae_cfg
+    return dataclasses.replace(vae_cfg, decoder_base_dim=cfg.vae_decoder_width)
 
 
 def check_fit(cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig) -> None:
@@ -155,6 +169,8 @@ class Parts:
 
     def __init__(self, cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig):
         self.flavour = cfg.decoder
+        vae_cfg = decoder_vae_config(cfg, vae_cfg)  # the encoder half is the exported one either way
+        self.vae_cfg = vae_cfg
 
         def split(dtype: str) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:  # the autoencoder computing in `dtype`
             return nnx.split(vae_lib.abstract_vae(dataclasses.replace(vae_cfg, dtype=dtype)), _encoder_side, ...)
@@ -202,6 +218,9 @@ def init_state(cfg: DecoderTrainConfig, tx: optax.GradientTransformation
     frozen = jax.tree.map(jnp.copy, frozen)  # the train step donates the state; `vae` keeps its own arrays
     if cfg.decoder == "tae":
         params = nnx.state(tae_lib.init_tae(parts.tae_cfg, cfg.seed), nnx.Param)
+    elif cfg.vae_decoder_width:
+        fresh = vae_lib.init_vae(dataclasses.replace(parts.vae_cfg, dtype="float32", param_dtype="float32"), cfg.seed)
+        params = nnx.split(fresh, _encoder_side, ...)[2]
     else:
         params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), decoder_half)
     ema = jax.tree.map(jnp.copy, params) if cfg.optim.ema_decay > 0 else nnx.State({})
@@ -314,7 +333,7 @@ def export(cfg: DecoderTrainConfig, parts: Parts, state_params: nnx.State, froze
             save_tae(str(tmp), tae_lib.tae_from_params(export_cfg, nnx.to_pure_dict(cast(state_params))))
             loaded: Decoder = load_tae(str(tmp))
         else:
-            export_cfg = dataclasses.replace(autoencoder.cfg, param_dtype=cfg.export_dtype)
+            export_cfg = dataclasses.replace(parts.vae_cfg, param_dtype=cfg.export_dtype)
             whole = nnx.merge(parts.vae_graphdef, cast(frozen), cast(state_params))
             pure = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(whole, nnx.Param)))
             converted_weights.save_params(str(tmp), pure, export_cfg)

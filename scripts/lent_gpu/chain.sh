@@ -109,14 +109,15 @@ if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and 
     log "autoencoder4d export rc=$?"; }
   finished autoencoder4d
 fi
-if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae" (each ≤ DECODER_SECONDS)
+if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae vae_wide" (each ≤ DECODER_SECONDS)
   await_episodes
   use autoencoder
   for v in ${DECODERS:-tae}; do
     stop_after "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
       --config "$REPO/configs/synthetic_decoder.py:$v" --set data.worker_count=12 ${DECODER_ARGS:-} > "out/decoder_$v.log" 2>&1
     log "decoder $v rc=$?"
-    out=weights/synthetic/tiny_decoder; [ "$v" = vae ] && out=weights/synthetic/autoencoder_decoder_tuned
+    case $v in vae) out=weights/synthetic/autoencoder_decoder_tuned ;; vae_wide) out=weights/synthetic/autoencoder_wide ;;
+      *) out=weights/synthetic/tiny_decoder ;; esac
     [ -f "$out/config.json" ] || [ -f "$out/model.safetensors" ] || {
       python3 -m rynn_jax.training.decoder export --config "$REPO/configs/synthetic_decoder.py:$v" --out "$out" \
         >> "out/decoder_$v.log" 2>&1; log "decoder $v export rc=$?"; }
