@@ -145,6 +145,10 @@ def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features
     vision_ms = statistics.median(time_ms(lambda: jax.block_until_ready(vision(*args)), 1, iters))
     features = np.asarray(vision(*args), np.float32)
     extra = {}
+    if hasattr(enc, "latents"):  # the 4D encoders: the observation's VAE encode (+ noise) alone
+        latents = jax.jit(enc.latents)
+        largs = (enc.params, *args[1:3], key)
+        extra["encode_ms"] = statistics.median(time_ms(lambda: jax.block_until_ready(latents(*largs)), 1, iters))
     if ref_features is not None:  # FP8 GEMMs move the features a little, never a lot
         err = float(np.linalg.norm(features - ref_features) / np.linalg.norm(ref_features))
         limit = 0.2 if fp8_attention else 0.15
@@ -185,13 +189,15 @@ def main() -> None:
     dev = jax.devices()[0]
     # each row is printed as it finishes: a run stopped by a time limit still reports what it timed
     print(f"\npolicy control step, batch 1, {dev.device_kind} ({dev.platform})")
-    print("| size | encoder | image | trainable params | step ms | vision ms | head + rest ms | chunks/s |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    print("| size | encoder | image | trainable params | step ms | vision ms | of which VAE encode ms | "
+          "head + rest ms | chunks/s |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
 
     def add(row: dict) -> None:
         rows.append(row)
+        encode = f"{row['encode_ms']:.1f}" if "encode_ms" in row else "–"
         print(f"| {row['size']} | {row['encoder']} | {row['image_size'][0]}×{row['image_size'][1]} | "
-              f"{row['trainable_params'] / 1e6:.1f}M | {row['step_ms']:.1f} | {row['vision_ms']:.1f} | "
+              f"{row['trainable_params'] / 1e6:.1f}M | {row['step_ms']:.1f} | {row['vision_ms']:.1f} | {encode} | "
               f"{row['head_and_rest_ms']:.1f} | {row['chunks_per_s']:.2f} |", flush=True)
 
     for s in a.size:

@@ -159,3 +159,4 @@ def test_policy_bench_fp8_backbone_row(tmp_path):
     assert [r["size"] for r in result["rows"]] == ["tiny", "tiny+fp8", "tiny+fp8s"]
     assert all(c["ok"] for c in result["checks"]) and len(result["checks"]) == 11, result["checks"]
     assert all(0 < r["features_rel_l2_vs_bf16"] <= 0.15 for r in result["rows"][1:])
+    assert all(0 < r["encode_ms"] < r["vision_ms"] for r in result["rows"])  # the encode is part of the vision pass
