@@ -223,6 +223,44 @@ def bench_torch(latent_frames: int, height: int, width: int) -> list[dict]:
     return rows
 
 
+def bench_image_encode(batch: int, height: int, width: int, dtype: str, iters: int, tiny: bool, synthetic: bool,
+                       checks: Checks) -> list[dict]:
+    """Encoding images (one frame each: the policy's observation, a session's reference frame) two
+    ways in one run: `encode` of the lone frame, whose causal convs skip the zero padding's taps, and
+    the streaming encoder's first call on a zero cache, which runs every tap. Same latents."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from rynn_jax.models import vae
+
+    if synthetic:
+        from configs import synthetic as syn
+
+        cfg = vae.WanVAEConfig.synthetic(z_dim=syn.LATENT_CHANNELS, dtype=dtype, param_dtype=dtype)
+    else:
+        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+    graphdef, params = nnx.split(vae.init_vae(cfg, 0))
+    images = jnp.clip(jax.random.normal(jax.random.key(0), (batch, 1, height, width, 3), jnp.float32), -1, 1)
+    cache = vae.init_encode_cache(cfg, batch, height, width)
+    lone = jax.jit(lambda p, x: vae.encode(graphdef, p, x))
+    every_tap = jax.jit(lambda p, c, x: vae.encode_chunk(graphdef, p, c, jnp.repeat(x, cfg.temporal_stride, 1),
+                                                         first=True)[0])
+    a, b = np.asarray(lone(params, images), np.float32), np.asarray(every_tap(params, cache, images), np.float32)
+    err = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    checks.rows.append(dict(check=f"image encode: lone frame = every tap (rel L2 {err:.1e})", ok=err <= 2e-2))
+    checks.finite("image encode", a)
+    rows = []
+    for op, fn in ((f"encode {batch} images, every tap (zero cache)", lambda: every_tap(params, cache, images)),
+                   (f"encode {batch} images, lone frame", lambda: lone(params, images))):
+        t = time_ms(lambda: jax.block_until_ready(fn()), 1, iters)
+        rows.append(dict(impl="jax", op=op, median_ms=statistics.median(t), per_frame_ms=statistics.median(t) / batch,
+                         times_ms=t, height=height, width=width))
+    rows[1]["speedup_vs_every_tap"] = rows[0]["median_ms"] / rows[1]["median_ms"]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--latent-frames", type=int, default=21)
@@ -244,8 +282,20 @@ def main() -> None:
     p.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--conv-tiles", choices=sorted(TILE_PRESETS), default=None,
                    help="kernel conv_impls: this conv_kernel.TILE_PRESETS entry instead of SERVING_TILES")
+    p.add_argument("--image-batch", type=int, default=0,
+                   help="only the image-encode rows: this many single frames, lone-frame vs every-tap program")
     p.add_argument("--out", default="bench/results/vae.json")
     a = p.parse_args()
+    if a.image_batch:
+        checks = Checks()
+        rows = bench_image_encode(a.image_batch, a.height, a.width, a.dtype, a.iters, a.tiny, a.synthetic, checks)
+        print(f"\n{'op':44s} {'median ms':>10s}")
+        for r in rows:
+            print(f"{r['op']:44s} {r['median_ms']:10.2f}")
+        print(f"lone frame: {rows[1]['speedup_vs_every_tap']:.2f}× faster")
+        write_json(a.out, dict(rows=rows, checks=checks.rows, argv=sys.argv[1:]))
+        checks.exit_if_failed()
+        return
     if a.only_torch:
         print("JSON" + json.dumps(bench_torch(a.latent_frames, a.height, a.width)))
         return

@@ -60,6 +60,21 @@ def test_vae_bench_checks_streaming_against_whole_clip(tmp_path):
         assert ops[decode + suffix] > 0, ops
 
 
+def test_vae_bench_image_encode_rows(tmp_path):
+    """bench_vae --image-batch: the lone-frame encode and the every-tap program in one run, their
+    latents checked equal (float32: to rounding), both timed, the ratio recorded."""
+    out = tmp_path / "img.json"
+    cmd = [sys.executable, "bench/bench_vae.py", "--image-batch", "2", "--tiny", "--height", "32", "--width", "48",
+           "--iters", "1", "--dtype", "float32", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [c["ok"] for c in result["checks"]] == [True, True], result["checks"]
+    every, lone = result["rows"]
+    assert "every tap" in every["op"] and "lone frame" in lone["op"] and min(every["median_ms"], lone["median_ms"]) > 0
+    assert lone["speedup_vs_every_tap"] == every["median_ms"] / lone["median_ms"]
+
+
 def test_profile_ops_fp8_probes(tmp_path):
     """profile_ops --fp8-conv: the e4m3 conv variants run and land within FP8 rounding of the float32
     conv (per-tensor scales: 3 mantissa bits, so a few percent rel L2 — not zero, not large); --fp8
