@@ -131,6 +131,18 @@ def _time_streaming(V, graphdef, params, cfg, z, video, height: int, width: int,
                         median_ms=statistics.median(t_enc), per_frame_ms=statistics.median(t_enc) / (4 * k))]
 
 
+def vae_config(dtype: str, tiny: bool, synthetic: bool):
+    """The benched VAE: the synthetic world's autoencoder (configs/synthetic.py), the tiny test one, or
+    the released Wan2.2 VAE's layout; random weights stored in `dtype`."""
+    from rynn_jax.models import vae
+
+    if synthetic:
+        from configs import synthetic as syn
+
+        return vae.WanVAEConfig.synthetic(z_dim=syn.LATENT_CHANNELS, dtype=dtype, param_dtype=dtype)
+    return (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+
+
 def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: int, whole: bool,
               tiny: bool = False, checks: Checks | None = None, codec: str = "vae",
               conv_impl: str = "fold2d", fp8_static: bool = False, conv_tiles: str | None = None,
@@ -156,12 +168,7 @@ def bench_jax(latent_frames: int, height: int, width: int, dtype: str, iters: in
         model = tae.init_tae(cfg, 0)
     else:
         V, impl = vae, "jax" if conv_impl == "fold2d" else f"jax {conv_impl}"
-        if synthetic:
-            from configs import synthetic as syn
-
-            cfg = vae.WanVAEConfig.synthetic(z_dim=syn.LATENT_CHANNELS, dtype=dtype, param_dtype=dtype)
-        else:
-            cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+        cfg = vae_config(dtype, tiny, synthetic)
         tiles = {} if conv_tiles is None or conv_impl in vae.XLA_CONV_IMPLS else {"tiles": TILE_PRESETS[conv_tiles]}
         cfg = vae_conv.configure(cfg, conv_impl, **tiles)
         model = vae.init_vae(cfg, 0)
@@ -235,12 +242,7 @@ def bench_image_encode(batch: int, height: int, width: int, dtype: str, iters: i
 
     from rynn_jax.models import vae
 
-    if synthetic:
-        from configs import synthetic as syn
-
-        cfg = vae.WanVAEConfig.synthetic(z_dim=syn.LATENT_CHANNELS, dtype=dtype, param_dtype=dtype)
-    else:
-        cfg = (vae.WanVAEConfig.tiny if tiny else vae.WanVAEConfig.wan22)(dtype=dtype, param_dtype=dtype)
+    cfg = vae_config(dtype, tiny, synthetic)
     graphdef, params = nnx.split(vae.init_vae(cfg, 0))
     images = jnp.clip(jax.random.normal(jax.random.key(0), (batch, 1, height, width, 3), jnp.float32), -1, 1)
     cache = vae.init_encode_cache(cfg, batch, height, width)

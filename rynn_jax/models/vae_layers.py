@@ -111,17 +111,17 @@ class CausalConv3d(nnx.Module):
         """x (B,T,H,W,C); cache (B,k_t-1,H,W,C) = the previous input frames, None = zeros."""
         new_cache = None
         h, t = self.history, x.shape[1]
-        kh, kw = self.kernel.shape[1:3]
-        pad_hw = ((kh // 2, kh // 2), (kw // 2, kw // 2))
-        if h and cache is None and t == 1 and self.cfg.kernel_conv is None:
-            # a lone frame after the zero padding (an image; the policy's observation, a reference
-            # frame): the padding's taps add exact zeros, so only the last tap runs (a third of the work)
-            new_cache = jnp.concatenate([jnp.zeros((x.shape[0], h - 1, *x.shape[2:]), x.dtype), x], axis=1)
-            return _conv(x, self.kernel[...][h:], self.bias[...], self.cfg, pad_hw=pad_hw), new_cache
+        # a lone frame after the zero padding (an image: the policy's observation, a reference frame):
+        # the padding's taps add exact zeros, so only the last tap runs (a third of the work)
+        lone = h and cache is None and t == 1 and self.cfg.kernel_conv is None
         if h:
             cache = (jnp.zeros((x.shape[0], h, *x.shape[2:]), x.dtype) if cache is None
                      else cache.astype(x.dtype))
             new_cache = x[:, -h:] if t >= h else jnp.concatenate([cache[:, t:], x], axis=1)
+        kh, kw = self.kernel.shape[1:3]
+        pad_hw = ((kh // 2, kh // 2), (kw // 2, kw // 2))
+        if lone:
+            return _conv(x, self.kernel[...][h:], self.bias[...], self.cfg, pad_hw=pad_hw), new_cache
         y = _conv(x, self.kernel[...], self.bias[...], self.cfg, pad_hw=pad_hw,
                   past=cache if h else None, module=self)
         return y, new_cache
