@@ -214,7 +214,8 @@ def encode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, frames
 
     def branch(layers: Cache, first: bool) -> tuple[jax.Array, Cache]:
         x = frames_bthwc[:, -1:] if first else frames_bthwc
-        return model.encode_frames(x, layers, first=first, normalize=normalize)
+        # step 0's cache is all zeros: None says so, and the lone frame skips the padding's taps
+        return model.encode_frames(x, None if first else layers, first=first, normalize=normalize)
 
     return _stream_step(branch, cache, first)
 
@@ -242,7 +243,8 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, cache: Cache, latent
         raise ValueError(f"decode_chunk takes one latent frame (B,1,h,w,z): {latent_b1hwc.shape}")
 
     def branch(layers: Cache, first: bool) -> tuple[jax.Array, Cache]:
-        y, new = model.decode_frames(latent_b1hwc, layers, first=first, normalize=normalize)
+        y, new = model.decode_frames(latent_b1hwc, None if first else layers, first=first,
+                                     normalize=normalize)
         if first:
             y = jnp.pad(y, ((0, 0), (stride - 1, 0), (0, 0), (0, 0), (0, 0)))
         return y, new
