@@ -5,6 +5,7 @@ jitted `LoadedPolicy.predict` the closed loop calls, on the default device:
     python bench/bench_policy.py --size full --fp8 --out bench/results/policy_fp8_h200.json   # + FP8 backbone
     python bench/bench_policy.py --size full --fp8-static --out ...   # + FP8, static activation scales
     python bench/bench_policy.py --size full --fp8-static --fp8-attention --out ...   # + FP8 attention
+    python bench/bench_policy.py --size full --fp8-static --fp8-attention --scanned --out ...   # + layer-scan rows
     python bench/bench_policy.py --size cnn cnn_cpu tiny --out bench/results/policy_cpu.json   # CPU
 
 Sizes: `full` = SPEC size with the 4D backbone (5B-size branches to block 15 at t = 500, random
@@ -28,9 +29,13 @@ row's own backbone, so the full-size backbone is built once per row); `--fp8-att
 those and the backbone's attention as cuDNN's FP8 flash attention (`backbone.fp8_attention`;
 Hopper GPU).
 
+The 4D backbone runs in its serving layout (`backbone.unrolled`, models/dit4d.unrolled4d: per-layer
+weights, the joint attention placed statically); `--scanned` adds the bf16 row and the last FP8 row
+with the stacked layer scan instead (row names ending in /scan), in the same run.
+
 Checks: the chunk has shape (1, 10, 54) and is finite; the same key gives the same chunk; an FP8
 row's vision features are within 15 % (relative L2; 20 % with FP8 attention) of the bf16 row's on
-the same input.
+the same input; a /scan row's within 2 % of its serving-layout twin's.
 """
 
 from __future__ import annotations
@@ -108,18 +113,22 @@ def with_calibrated_scales(pol, cfg):
 
 
 def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features: np.ndarray | None = None,
-          static: bool = False, synthetic_dit: str = SYNTHETIC_DIT, fp8_attention: bool = False
-          ) -> tuple[dict, np.ndarray]:
+          static: bool = False, synthetic_dit: str = SYNTHETIC_DIT, fp8_attention: bool = False,
+          unrolled: bool = True) -> tuple[dict, np.ndarray]:
     """One row, and the vision features of the benched input (the FP8 rows are checked against the
-    bf16 row's). `static`: FP8 with static activation scales (needs fp8); `fp8_attention`: and
-    cuDNN FP8 attention."""
+    bf16 row's, a scanned row against its unrolled twin). `static`: FP8 with static activation
+    scales (needs fp8); `fp8_attention`: and cuDNN FP8 attention; `unrolled=False`: the backbone's
+    stacked layer scan instead of the serving layout (`backbone.unrolled`)."""
     import jax
 
     from rynn_jax.policy import inference, model
     from rynn_jax.policy.normalize import ActionNormalizer
 
     cfg = policy_config(size, fp8, synthetic_dit, fp8_attention)
-    name = ((f"{size}+fp8s" if static else f"{size}+fp8") if fp8 else size) + ("a" if fp8_attention else "")
+    if cfg.encoder != "cnn":
+        cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, unrolled=unrolled))
+    name = (((f"{size}+fp8s" if static else f"{size}+fp8") if fp8 else size) + ("a" if fp8_attention else "")
+            + ("" if unrolled else "/scan"))
     t0 = time.perf_counter()
     pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
     if static:
@@ -149,11 +158,15 @@ def bench(size: str, iters: int, checks: Checks, fp8: bool = False, ref_features
         latents = jax.jit(enc.latents)
         largs = (enc.params, *args[1:3], key)
         extra["encode_ms"] = statistics.median(time_ms(lambda: jax.block_until_ready(latents(*largs)), 1, iters))
-    if ref_features is not None:  # FP8 GEMMs move the features a little, never a lot
+    if ref_features is not None:  # FP8 GEMMs move the features a little, never a lot; the layout not at all
         err = float(np.linalg.norm(features - ref_features) / np.linalg.norm(ref_features))
-        limit = 0.2 if fp8_attention else 0.15
-        checks.rows.append(dict(check=f"{name}: features within {limit * 100:.0f} % of bf16 (rel L2 {err:.3f})",
-                                ok=0 < err <= limit))
+        if not unrolled:
+            checks.rows.append(dict(check=f"{name}: features within 2 % of the serving layout's (rel L2 {err:.3f})",
+                                    ok=err <= 0.02))
+        else:
+            limit = 0.2 if fp8_attention else 0.15
+            checks.rows.append(dict(check=f"{name}: features within {limit * 100:.0f} % of bf16 (rel L2 {err:.3f})",
+                                    ok=0 < err <= limit))
         extra["features_rel_l2_vs_bf16"] = err
     return {"size": name, "encoder": cfg.encoder, "image_size": [h, w], "trainable_params": model.count_params(cfg),
             "build_s": round(build_s, 1), "first_call_s": round(compile_s, 1), "step_ms": step_ms,
@@ -171,6 +184,9 @@ def main() -> None:
                    help="and with static activation scales calibrated on 2 other random observations")
     p.add_argument("--fp8-attention", action="store_true",
                    help="and with cuDNN FP8 attention on top of the static FP8 linears (Hopper GPU)")
+    p.add_argument("--scanned", action="store_true",
+                   help="4D sizes: also the bf16 row and the last FP8 row with the backbone's stacked layer scan "
+                        "(backbone.unrolled=False), beside the serving layout")
     p.add_argument("--synthetic-dit", default=SYNTHETIC_DIT,
                    help="the synthetic RynnWorld-4D export the 'synthetic' size reads (not committed: a lease brings it)")
     p.add_argument("--out", default="")
@@ -203,14 +219,25 @@ def main() -> None:
     for s in a.size:
         row, features = bench(s, a.iters, checks, synthetic_dit=a.synthetic_dit)
         add(row)
+        scanned = a.scanned and s in FP8_SIZES
+        if scanned:
+            add(bench(s, a.iters, checks, ref_features=features, synthetic_dit=a.synthetic_dit, unrolled=False)[0])
+        last = None  # the last FP8 variant timed: its scanned twin follows it
         if a.fp8 and s in FP8_SIZES:
-            add(bench(s, a.iters, checks, fp8=True, ref_features=features, synthetic_dit=a.synthetic_dit)[0])
+            last = dict(fp8=True)
+            row8, feats8 = bench(s, a.iters, checks, ref_features=features, synthetic_dit=a.synthetic_dit, **last)
+            add(row8)
         if a.fp8_static and s in FP8_SIZES:
-            add(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
-                      synthetic_dit=a.synthetic_dit)[0])
+            last = dict(fp8=True, static=True)
+            row8, feats8 = bench(s, a.iters, checks, ref_features=features, synthetic_dit=a.synthetic_dit, **last)
+            add(row8)
         if a.fp8_attention and s in FP8_SIZES:
-            add(bench(s, a.iters, checks, fp8=True, ref_features=features, static=True,
-                      synthetic_dit=a.synthetic_dit, fp8_attention=True)[0])
+            last = dict(fp8=True, static=True, fp8_attention=True)
+            row8, feats8 = bench(s, a.iters, checks, ref_features=features, synthetic_dit=a.synthetic_dit, **last)
+            add(row8)
+        if scanned and last is not None:
+            add(bench(s, a.iters, checks, ref_features=feats8, synthetic_dit=a.synthetic_dit, unrolled=False,
+                      **last)[0])
         del features
     if a.out:
         write_json(a.out, {"device": dev.device_kind, "platform": dev.platform, "rows": rows, "checks": checks.rows})

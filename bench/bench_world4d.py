@@ -15,7 +15,12 @@ forward's code (`WanDiT4D.hidden` with num_layers = 16). `--fp8` adds both passe
 block linears as FP8 GEMMs (`models/fp8.quantize_dit`, the policy's `backbone.fp8`), timed in the same
 run, and checks their features within 10 % relative L2 of the bf16 ones. `--fp8-attention` adds the
 passes with cuDNN's FP8 flash attention (`attention="cudnn_fp8"`, models/fp8_attention.py) on bf16
-linears, and with `--fp8-static` on the static FP8 linears too (checked within 15 %).
+linears, and with `--fp8-static` on the static FP8 linears too (checked within 15 %). `--unrolled`
+adds the feature pass in the serving layout the policy runs (`dit4d.unrolled4d`: per-layer weights,
+joint attention placed statically, blocks past the cut dropped) for bf16 and the last FP8 variant,
+each checked within 2 % of its stacked scan.
+
+    python bench/bench_world4d.py --fp8-static --fp8-attention --unrolled --out ...   # + serving layout
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ def main() -> None:
                         help="and with static activation scales calibrated on 2 fresh inputs like the timed one")
     parser.add_argument("--fp8-attention", action="store_true",
                         help="also with cuDNN FP8 attention (Hopper GPU; with --fp8-static also on static FP8 linears)")
+    parser.add_argument("--unrolled", action="store_true",
+                        help="also the feature pass in the serving layout (dit4d.unrolled4d, the policy's default) "
+                             "of bf16 and of the last FP8 variant")
     parser.add_argument("--out", default="", help="results JSON")
     args = parser.parse_args()
     if args.fp8_attention and args.small:
@@ -108,21 +116,47 @@ def main() -> None:
         rows[f"{prefix}_features_ms"] = statistics.median(
             time_ms(lambda: block(features_v(state_v, z, t, ctx_policy)), 2, args.iters))
 
+    def unrolled_row(prefix: str, variant) -> None:
+        """The feature pass of `variant` in the serving layout (blocks past the feature cut dropped),
+        timed and checked against the same variant's stacked scan."""
+        from rynn_jax.models.dit4d import unrolled4d
+
+        graphdef_v, state_v = nnx.split(variant)
+        stacked = np.asarray(block(jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_v, s).features(
+            z, t, ctx, layer=feature_layer))(state_v, z, t, ctx_policy)), np.float32)
+        graphdef_u, state_u = nnx.split(unrolled4d(variant, num_layers=feature_layer + 1))
+        features_u = jax.jit(lambda s, z, t, ctx: nnx.merge(graphdef_u, s).features(z, t, ctx, layer=feature_layer))
+        fu = np.asarray(block(features_u(state_u, z, t, ctx_policy)), np.float32)
+        rows[f"{prefix}unrolled_features_rel_l2"] = float(np.linalg.norm(fu - stacked) / np.linalg.norm(stacked))
+        checks[f"{prefix}unrolled_features_match"] = rows[f"{prefix}unrolled_features_rel_l2"] <= 0.02
+        rows[f"{prefix}unrolled_features_ms"] = statistics.median(
+            time_ms(lambda: block(features_u(state_u, z, t, ctx_policy)), 2, args.iters))
+        del state_u
+
     from rynn_jax.models.fp8 import calibrate, quantize_dit, with_fp8_attention
 
+    if args.unrolled:
+        unrolled_row("", model)
+    last = None  # the last FP8 variant: its serving layout is timed at the end
     if args.fp8_attention:
-        fp8_rows("fp8_attention", with_fp8_attention(model), tolerance=0.15)
+        last = ("fp8_attention_", with_fp8_attention(model))
+        fp8_rows("fp8_attention", last[1], tolerance=0.15)
     if args.fp8 or args.fp8_static:
         q = quantize_dit(model)
         if args.fp8:
+            last = ("fp8_", q)
             fp8_rows("fp8", q)
         if args.fp8_static:  # calibrated with the forward (every block) on inputs drawn as the timed ones
             fresh = [[jax.random.normal(jax.random.fold_in(key, 100 + 3 * k + i), z[0].shape, jnp.float32)
                       for i in range(3)] for k in range(2)]
             static = calibrate(q, lambda m, zs: m(*zs, t, ctx), fresh, progress=False)
+            last = ("fp8_static_", static)
             fp8_rows("fp8_static", static)
             if args.fp8_attention:
-                fp8_rows("fp8_static_attention", with_fp8_attention(static), tolerance=0.15)
+                last = ("fp8_static_attention_", with_fp8_attention(static))
+                fp8_rows("fp8_static_attention", last[1], tolerance=0.15)
+    if args.unrolled and last is not None:
+        unrolled_row(*last)
 
     result = {"device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind, "small": args.small,
               "tokens_per_branch": tokens, "params": param_count(cfg), "feature_layer": feature_layer, **rows,
@@ -131,7 +165,9 @@ def main() -> None:
     print(f"{result['device']}: forward {rows['forward_ms']:.1f} ms, features (blocks 0–{feature_layer}) "
           f"{rows['features_ms']:.1f} ms, {tokens} tokens per branch"
           + "".join(f"; {p}: forward {rows[f'{p}_forward_ms']:.1f} ms, features {rows[f'{p}_features_ms']:.1f} ms "
-                    f"(rel. L2 {rows[f'{p}_features_rel_l2']:.3f})" for p in variants) + f"; checks {checks}")
+                    f"(rel. L2 {rows[f'{p}_features_rel_l2']:.3f})" for p in variants)
+          + "".join(f"; {k[:-3]} {v:.1f} ms" for k, v in rows.items() if k.endswith("unrolled_features_ms"))
+          + f"; checks {checks}")
     if args.out:
         write_json(args.out, result)
     if not all(checks.values()):

@@ -161,17 +161,20 @@ def test_dit_bench_fp8_static_rows(tmp_path):
 
 
 def test_policy_bench_fp8_backbone_row(tmp_path):
-    """bench_policy --fp8 --fp8-static on the toy 4D policy: rows with the backbone's block linears as
-    FP8 GEMMs, per-token and with calibrated static activation scales, whose features stay within
-    15 % of the bf16 row's (and differ: the FP8 path runs)."""
+    """bench_policy --fp8 --fp8-static --scanned on the toy 4D policy: rows with the backbone's block
+    linears as FP8 GEMMs, per-token and with calibrated static activation scales, whose features stay
+    within 15 % of the bf16 row's (and differ: the FP8 path runs); the stacked-scan twins of the bf16
+    and last FP8 rows, whose features match the serving layout's."""
     out = tmp_path / "policy.json"
-    cmd = [sys.executable, "bench/bench_policy.py", "--size", "tiny", "--fp8", "--fp8-static", "--iters", "2",
-           "--out", str(out)]
+    cmd = [sys.executable, "bench/bench_policy.py", "--size", "tiny", "--fp8", "--fp8-static", "--scanned",
+           "--iters", "2", "--out", str(out)]
     env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert [r["size"] for r in result["rows"]] == ["tiny", "tiny+fp8", "tiny+fp8s"]
-    assert all(c["ok"] for c in result["checks"]) and len(result["checks"]) == 11, result["checks"]
-    assert all(0 < r["features_rel_l2_vs_bf16"] <= 0.15 for r in result["rows"][1:])
+    rows = {r["size"]: r for r in result["rows"]}
+    assert [r["size"] for r in result["rows"]] == ["tiny", "tiny/scan", "tiny+fp8", "tiny+fp8s", "tiny+fp8s/scan"]
+    assert all(c["ok"] for c in result["checks"]) and len(result["checks"]) == 19, result["checks"]
+    assert all(0 < rows[k]["features_rel_l2_vs_bf16"] <= 0.15 for k in ("tiny+fp8", "tiny+fp8s"))
+    assert all(rows[k]["features_rel_l2_vs_bf16"] <= 0.02 for k in ("tiny/scan", "tiny+fp8s/scan"))
     assert all(0 < r["encode_ms"] < r["vision_ms"] for r in result["rows"])  # the encode is part of the vision pass

@@ -140,6 +140,35 @@ def test_features_are_the_streams_after_the_named_block():
     assert float(jnp.abs(features(bump(1)) - f1).max()) > 1e-2  # block 1 is
 
 
+def test_unrolled_serving_layout_computes_what_the_layer_scan_does():
+    """unrolled4d (per-layer weights, fused q/k/v and text K/V, JA placed statically) = the stacked
+    scan on every output and on the features of a cut model, in float32 and with static FP8 scales
+    (bit for bit: same GEMMs, one scale for inputs the calibration saw as one tensor); its lowered
+    program has no device loop and no conditional, the scanned one both (JA every other block)."""
+    from rynn_jax.models import fp8
+    from rynn_jax.models.dit4d import unrolled4d
+
+    model = dit4d_from_params(CFG, _params(CFG, 9, joint_out=True))
+    z, t, ctx = _inputs(6)
+    run = lambda m, f: jax.jit(lambda s: f(nnx.merge(nnx.graphdef(m), s)))(nnx.state(m))  # noqa: E731
+    full = lambda m: m(*z, t, ctx)  # noqa: E731
+    feats = lambda m: m.features(z, t, ctx, layer=1)  # noqa: E731
+    flat = unrolled4d(model)
+    for got, want in zip(run(flat, full), run(model, full)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    cut = unrolled4d(model, num_layers=2)
+    assert cut.cfg.base.num_layers == 2 and cut.cfg.joint_layers == (0,) and len(cut.depth.blocks) == 2
+    np.testing.assert_allclose(run(cut, feats), run(model, feats), rtol=2e-5, atol=2e-5)
+    hlo = lambda m: jax.jit(lambda s: feats(nnx.merge(nnx.graphdef(m), s))).lower(nnx.state(m)).as_text()  # noqa: E731
+    assert "stablehlo.while" in hlo(model) and "stablehlo.case" in hlo(model)
+    assert "stablehlo.while" not in hlo(cut) and "stablehlo.case" not in hlo(cut)
+    static = fp8.calibrate(fp8.quantize_dit(model), lambda m, b: m.features(*b, layer=1),
+                           [(z, t, ctx)], progress=False, layers=2)
+    np.testing.assert_array_equal(run(unrolled4d(static, num_layers=2), feats), run(static, feats))
+    with pytest.raises(ValueError, match="num_layers 4 outside"):
+        unrolled4d(model, num_layers=4)
+
+
 def test_rgb_decay_scales_only_the_rgb_injection(apply4d):
     params = _params(CFG, 7, joint_out=True)
     z, t, ctx = _inputs(4)

@@ -263,7 +263,8 @@ def test_fp8_backbone_with_calibrated_static_scales(tmp_path):
     key = jax.random.key(7)
     feats = {name: np.asarray(jax.jit(enc.apply)(enc.params, rgb, depth, goal, key))
              for name, enc in (("float", World4DFeatures(base)), ("per_token", per_token), ("static", loaded))}
-    want, got = fp8.static_scales(static), fp8.static_scales(nnx.merge(loaded._dit_def, loaded.params["dit"]))
+    stacked = World4DFeatures(with_fp8(fp8=True, fp8_scales=str(tmp_path / "scales.safetensors"), unrolled=False))
+    want, got = fp8.static_scales(static), fp8.static_scales(nnx.merge(stacked._dit_def, stacked.params["dit"]))
     assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
     z, t_bf = loaded.latents(loaded.params, rgb, depth, key)
     np.testing.assert_allclose(feats["static"], np.asarray(jax.jit(

@@ -44,7 +44,8 @@ import numpy as np
 from flax import nnx
 
 from rynn_jax.models import build, rope
-from rynn_jax.models.dit import WanBlock, WanDiT, WanDiTConfig, attention, patch_embed_params, stacked, token_grid
+from rynn_jax.models.dit import (WanBlock, WanDiT, WanDiTConfig, attention, fuse_qkv, patch_embed_params, stacked,
+                                   token_grid, unrolled)
 from rynn_jax.models.fp8_linear import Fp8InputAmax
 from rynn_jax.models.layers import linear, param, patchify_embed, rms_norm
 
@@ -252,6 +253,29 @@ class WanDiT4D(nnx.Module):
         num_frames = grid[0]
         rgb_decay = jnp.asarray(rgb_decay, jnp.float32)
 
+        def run_layer(blocks: list[WanBlock], xs: Latents, joint_fn, text_kv) -> Latents:
+            """One block of the three branches (RGB's first): self-attention, the joint attention
+            (`joint_fn`), text cross-attention with RGB's K/V and FFN."""
+            self_attention = lambda attn, h: (attn(h, rope_cs=rope_cs), None)  # noqa: E731
+            xs = tuple(blk.self_attention_residual(x, tproj, num_frames, self_attention)[0]
+                       for blk, x in zip(blocks, xs))
+            xs = joint_fn(xs)
+            return tuple(blk.text_ffn_residual(x, None, tproj, num_frames, cross_kv=text_kv)
+                         for blk, x in zip(blocks, xs))
+
+        if isinstance(base.blocks, nnx.List):  # the serving layout (unrolled4d): JA placed statically
+            text_k, text_v = (base.text_kv(ctx_bsd) if base.fused_text_kv is not None else (None, None))
+            for i in range(n):
+                rgb = base.blocks[i]
+                blocks = [rgb] + [_with_modulation(nnx.merge(*nnx.split(br.blocks[i])), rgb)
+                                  for br in (self.depth, self.flow)]
+                slot = cfg.joint_layers.index(i) if i in cfg.joint_layers else None
+                joint_fn = ((lambda a, m=self.joint[slot]: m(*a, rope_cs, num_frames, rgb_decay))
+                            if slot is not None else (lambda a: a))
+                text_kv = rgb.cross_attn.key_value(ctx_bsd) if text_k is None else (text_k[i], text_v[i])
+                xs = run_layer(blocks, xs, joint_fn, text_kv)
+            return xs, temb, grid
+
         branch_defs, branch_states = zip(*(nnx.split(br.blocks) for br in (self.depth, self.flow)))
         slot_l = np.full((bcfg.num_layers,), -1, np.int32)
         slot_l[list(cfg.joint_layers)] = np.arange(len(cfg.joint_layers))
@@ -270,18 +294,15 @@ class WanDiT4D(nnx.Module):
         def layer(block: WanBlock, xs: Latents, inputs) -> tuple[Latents, None]:
             states, slot = inputs
             blocks = [block] + [_with_modulation(nnx.merge(g, s), block) for g, s in zip(branch_defs, states)]
-            self_attention = lambda attn, h: (attn(h, rope_cs=rope_cs), None)  # noqa: E731
-            xs = tuple(blk.self_attention_residual(x, tproj, num_frames, self_attention)[0]
-                       for blk, x in zip(blocks, xs))
-            if joint is not None:
-                if every_layer:
-                    xs = joint_attention(xs, slot)
-                else:  # one scan over all blocks: JA runs where this block has a slot
-                    xs = jax.lax.cond(slot >= 0, lambda a: joint_attention(a, jnp.maximum(slot, 0)),
-                                      lambda a: a, xs)
+            if joint is None:
+                joint_fn = lambda a: a  # noqa: E731
+            elif every_layer:
+                joint_fn = lambda a: joint_attention(a, slot)  # noqa: E731
+            else:  # one scan over all blocks: JA runs where this block has a slot
+                joint_fn = lambda a: jax.lax.cond(  # noqa: E731
+                    slot >= 0, lambda b: joint_attention(b, jnp.maximum(slot, 0)), lambda b: b, a)
             text_kv = block.cross_attn.key_value(ctx_bsd)  # shared by the branches: computed once
-            xs = tuple(blk.text_ffn_residual(x, None, tproj, num_frames, cross_kv=text_kv)
-                       for blk, x in zip(blocks, xs))
+            xs = run_layer(blocks, xs, joint_fn, text_kv)
             return xs, (tuple(nnx.state(blk, Fp8InputAmax) for blk in blocks) if observing else None)
 
         xs, seen = base.scan_blocks(layer, xs, layer_xs, num_layers=n)
@@ -290,6 +311,71 @@ class WanDiT4D(nnx.Module):
                 old = nnx.state(stack, Fp8InputAmax)
                 nnx.update(stack, jax.tree.map(lambda a, new: a.at[:n].set(new), old, got))
         return xs, temb, grid
+
+
+def unrolled4d(model: WanDiT4D, *, num_layers: int | None = None, fuse_self_qkv: bool = True,
+               fuse_text_kv: bool = True) -> WanDiT4D:
+    """The serving layout of a WanDiT4D, `dit.unrolled` for all three branches: every block and
+    every joint-attention module a module of its own instead of stacked (layers, …) arrays, so
+    `hidden` runs a Python loop with the joint attention where it belongs. The scanned form slices
+    each layer's weights out of the stacks on every call (XLA copies a slice that feeds a GEMM)
+    and, with JA every third block, picks JA by a lax.cond per layer. Weights are copied out of
+    the stacks once (drop the stacked model to free them); apply FP8 (`fp8.quantize_dit`, static
+    scales, FP8 attention) to the stacked model first: those work on the stacked layout.
+    `fuse_self_qkv` / `fuse_text_kv`: as in `dit.unrolled` (RGB's text K/V, which the branches
+    share, then comes from one GEMM over all layers). `num_layers` keeps only the first blocks: a
+    feature extractor (the policy's pass to its block), whose fused text K/V covers only the blocks
+    that run (with static FP8 scales their text inputs are one tensor, so one scale is exact)."""
+    if isinstance(model.base.blocks, nnx.List):  # already unrolled
+        return model
+    if num_layers is not None and num_layers != model.cfg.base.num_layers:
+        model = _truncated(model, num_layers)
+    base = unrolled(model.base, fuse_self_qkv=fuse_self_qkv, fuse_text_kv=fuse_text_kv)
+    cfg = dataclasses.replace(model.cfg, base=base.cfg)
+    out = nnx.merge(*nnx.split(model))  # a new module graph over the same arrays
+    out.cfg, out.base = cfg, base
+    for branch in (out.depth, out.flow):
+        branch.blocks = nnx.List(_unstacked(branch.blocks, lambda r: _branch_block(base.cfg, r),
+                                            base.cfg.num_layers))
+        if fuse_self_qkv:
+            for block in branch.blocks:
+                fuse_qkv(block.self_attn)
+    if out.joint is not None:
+        out.joint = nnx.List(_unstacked(out.joint, lambda r: JointAttention(cfg, rngs=r), len(cfg.joint_layers)))
+    return out
+
+
+def _truncated(model: WanDiT4D, n: int) -> WanDiT4D:
+    """The stacked model's first `n` blocks (and the joint attention among them) as a model."""
+    cfg = model.cfg
+    if not 0 < n <= cfg.base.num_layers:
+        raise ValueError(f"num_layers {n} outside [1, {cfg.base.num_layers}]")
+    joint_layers = tuple(i for i in cfg.joint_layers if i < n)
+    cfg = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, num_layers=n), joint_layers=joint_layers)
+    values = nnx.to_pure_dict(nnx.state(model))
+    cut = lambda tree, k: jax.tree.map(lambda a: a[:k], tree)  # noqa: E731
+    for name in ("base", "depth", "flow"):
+        values[name]["blocks"] = cut(values[name]["blocks"], n)
+    if "joint" in values:
+        values["joint"] = cut(values["joint"], len(joint_layers))
+        if not joint_layers:
+            del values["joint"]
+    return build.model_from_params(WanDiT4D, cfg, values)
+
+
+def _unstacked(stack: nnx.Module, make, n: int) -> list[nnx.Module]:
+    """The `n` layers of a stacked module (`dit.stacked`) as modules of their own, each made by
+    `make(rngs)` (only its structure is used) and given its slice of every stacked variable."""
+    values = nnx.to_pure_dict(nnx.state(stack))
+    slice_layer = jax.jit(lambda tree, i: jax.tree.map(lambda a: a[i], tree))
+    with nnx.use_eager_sharding(False):
+        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))
+    layers = []
+    for i in range(n):
+        state = jax.tree.map(lambda a: a, abstract)  # a fresh State to fill
+        nnx.replace_by_pure_dict(state, slice_layer(values, i))
+        layers.append(nnx.merge(graphdef, state))
+    return layers
 
 
 def _with_modulation(block: WanBlock, rgb_block: WanBlock) -> WanBlock:

@@ -37,6 +37,10 @@ class BackboneConfig:
     # the backbone's unmasked attention as cuDNN's FP8 flash attention (Hopper GPU;
     # models/fp8_attention.py), with bf16 or FP8 linears
     fp8_attention: bool = False
+    # the serving layout (models/dit4d.unrolled4d): per-layer weights, joint attention placed
+    # statically; False keeps the stacked layer scan. Per-token FP8 (fp8 without fp8_scales) stays
+    # stacked either way: it is the form World4DFeatures.calibrate_fp8 reads.
+    unrolled: bool = True
 
     def __post_init__(self) -> None:
         if self.fp8_scales and not self.fp8:

@@ -114,6 +114,10 @@ class World4DFeatures:
             raise ValueError(f"backbone.vae has {vae.cfg.z_dim} latent channels, the 4D model reads {z}")
         if not 0 <= bb.layer < dit.cfg.base.num_layers:
             raise ValueError(f"backbone.layer {bb.layer} outside the model's {dit.cfg.base.num_layers} blocks")
+        if bb.unrolled and not (bb.fp8 and not bb.fp8_scales):  # the serving layout, blocks past the feature cut
+            from rynn_jax.models.dit4d import unrolled4d
+
+            dit = unrolled4d(dit, num_layers=bb.layer + 1)
         if cfg.head.goal_dim != dit.cfg.text_dim or cfg.head.goal_len > dit.cfg.text_len:
             raise ValueError(f"head.goal_dim/goal_len {cfg.head.goal_dim}/{cfg.head.goal_len} must match the 4D "
                              f"model's text width {dit.cfg.text_dim} (≤ {dit.cfg.text_len} tokens)")
@@ -194,7 +198,13 @@ class World4DFeatures:
         self._require_per_token_fp8("with_static_scales")
         bb = self.cfg.backbone
         new = copy.copy(self)
-        new._dit_def, dit_state = nnx.split(fp8.with_static_scales(nnx.merge(self._dit_def, self.params["dit"]), scales))
+        dit = fp8.with_static_scales(nnx.merge(self._dit_def, self.params["dit"]), scales)
+        if bb.unrolled:
+            from rynn_jax.models.dit4d import unrolled4d
+
+            dit = unrolled4d(dit, num_layers=bb.layer + 1)
+        new._dit_def, dit_state = nnx.split(dit)
+        new.dit_cfg = dit.cfg
         new.params = {**self.params, "dit": dit_state}
         new.cfg = dataclasses.replace(self.cfg, backbone=dataclasses.replace(bb, fp8_scales=source))
         return new

@@ -12,6 +12,9 @@
 # the policy step and the 4D passes with static FP8 linears, without and with FP8 attention
 # (the policy bench alone ran over 4 min once: give it ≥ 6, its rows print as they finish).
 # BENCHES=image: the policy observation's VAE encode (2 frames at 480×640), lone-frame vs every-tap program.
+# BENCHES=unroll: the policy step with the 4D backbone in its serving layout (dit4d.unrolled4d) beside the
+# stacked layer scan, bf16 and static FP8 + FP8 attention (5 rows, ≈ 7 min); world4d_unroll: the 4D
+# feature pass the same two ways.
 set -u
 export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,6 +26,8 @@ for b in ${BENCHES:-world4d fvd policy}; do
     world4d) python3 bench/bench_world4d.py --fp8 --fp8-static --out "$OUT/world4d_$card.json" ;;
     policy) python3 bench/bench_policy.py --size full --fp8 --fp8-static --out "$OUT/policy_fp8_$card.json" ;;
     fvd) python3 bench/bench_eval.py --stages fvd --out "$OUT/eval_fvd_$card.json" ;;
+    unroll) python3 bench/bench_policy.py --size full --fp8-static --fp8-attention --scanned --out "$OUT/policy_unrolled_$card.json" ;;
+    world4d_unroll) python3 bench/bench_world4d.py --fp8-static --fp8-attention --unrolled --out "$OUT/world4d_unrolled_$card.json" ;;
     image) python3 bench/bench_vae.py --image-batch 2 --height 480 --width 640 --out "$OUT/vae_image_encode_$card.json" ;;
     fp8attn) JAX_PLATFORMS=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_fp8_attention.py
              python3 bench/bench_policy.py --size full --fp8-static --fp8-attention --out "$OUT/policy_fp8attn_$card.json"
