@@ -12,6 +12,12 @@ shapes in three formulations (3D conv; time folded into input channels then a 2D
 one served streaming chunk (5B bf16 DiT + tiny autoencoder), per block:
 
     python bench/profile_ops.py --targets stream --clean-pass merged sequential --out bench/results/profile_stream_h200.json
+
+`policy` profiles the policy's control step at SPEC size (random weights; bench_policy's rows), per
+backbone layout (`--policy-layouts unrolled scan`) and FP8 variant (`--policy-fp8`):
+
+    python bench/profile_ops.py --targets policy --policy-fp8 static+attention --policy-layouts unrolled scan \
+        --out bench/results/profile_policy_h100.json
 """
 
 from __future__ import annotations
@@ -446,10 +452,45 @@ def target_stream(tiny: bool, clean_pass: str) -> dict:
     return {name: res}
 
 
+def target_policy(tiny: bool, iters: int, fp8: str, layouts: list[str]) -> dict:
+    """The policy's control step (`LoadedPolicy.predict`: VAE encode, 4D feature pass, head) at SPEC
+    size with random weights (tiny: the toy 4D policy), per backbone layout; `fp8`: "none", "static"
+    (static activation scales calibrated as bench_policy does) or "static+attention"."""
+    import dataclasses
+
+    import numpy as np
+    from bench_policy import observation, policy_config, with_calibrated_scales
+
+    from rynn_jax.policy import inference
+    from rynn_jax.policy.normalize import ActionNormalizer
+
+    out = {}
+    for layout in layouts:
+        cfg = policy_config("tiny" if tiny else "full", fp8 != "none", fp8_attention=fp8 == "static+attention")
+        cfg = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, unrolled=layout == "unrolled"))
+        pol = inference.from_params(cfg, None, ActionNormalizer(np.zeros(54, np.float32), np.ones(54, np.float32)))
+        if fp8 != "none":
+            pol = with_calibrated_scales(pol, cfg)
+        rgb, depth, state, goal = observation(cfg, 0)
+        key = jax.random.key(0)
+        t0 = time.perf_counter()
+        chunk = pol.predict(rgb, depth, state, goal, key)
+        compile_s = time.perf_counter() - t0
+        if not np.isfinite(chunk).all():
+            raise SystemExit(f"policy {layout}: non-finite chunk")
+        res = kernel_breakdown(lambda: pol.predict(rgb, depth, state, goal, key), iters)
+        res["compile_s"] = compile_s
+        name = f"policy step {cfg.image_size[0]}x{cfg.image_size[1]}, fp8 {fp8}, backbone {layout}"
+        _print(name, res)
+        out[name] = res
+        pol = None  # free the backbone before the next layout
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--targets", nargs="+", default=["conv", "dit", "vae_decode", "vae_encode"],
-                   choices=["conv", "dit", "vae_decode", "vae_encode", "stream"])
+                   choices=["conv", "dit", "vae_decode", "vae_encode", "stream", "policy"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke check)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--frames", type=int, default=3, help="DiT latent frames (3 → 1170 tokens)")
@@ -470,8 +511,14 @@ def main() -> None:
                    help="conv: also time FP8 (e4m3, per-tensor scales) 3d/fold2d convs (cuDNN graph conv)")
     p.add_argument("--clean-pass", nargs="+", choices=["merged", "sequential"], default=["merged"],
                    help="stream: profile these clean-pass variants")
+    p.add_argument("--policy-fp8", choices=["none", "static", "static+attention"], default="none",
+                   help="policy: the backbone's FP8 variant (as bench_policy's rows)")
+    p.add_argument("--policy-layouts", nargs="+", choices=["unrolled", "scan"], default=["unrolled"],
+                   help="policy: the 4D backbone's layouts to profile (serving layout, stacked layer scan)")
     p.add_argument("--out", default="bench/results/profile.json")
     a = p.parse_args()
+    if "policy" in a.targets and a.policy_fp8 != "none":  # cuBLASLt FP8 GEMMs, as bench_policy compiles them
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false").strip()
 
     from rynn_jax.kernels import vae_conv
 
@@ -488,6 +535,8 @@ def main() -> None:
                                                 branches={None: (False,), "both": (False, True), "only": (True,)}[a.static_branch],
                                                 fp8_static=a.vae_fp8_static, prologues=tuple(a.fp8_prologue or (None,)),
                                                 tile_sets=tuple(a.conv_tiles or (None,)))
+    if "policy" in a.targets:
+        result["policy"] = target_policy(a.tiny, a.iters, a.policy_fp8, a.policy_layouts)
     if "stream" in a.targets:
         result["stream"] = {}
         for variant in a.clean_pass:

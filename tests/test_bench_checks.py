@@ -80,8 +80,8 @@ def test_profile_ops_fp8_probes(tmp_path):
     conv (per-tensor scales: 3 mantissa bits, so a few percent rel L2 — not zero, not large); --fp8
     profiles the quantized DiT next to the float one; the stream target times one chunk per block."""
     out = tmp_path / "conv.json"
-    cmd = [sys.executable, "bench/profile_ops.py", "--targets", "conv", "dit", "stream", "--tiny", "--fp8-conv", "--fp8",
-           "--unroll", "2", "--iters", "1", "--out", str(out)]
+    cmd = [sys.executable, "bench/profile_ops.py", "--targets", "conv", "dit", "stream", "policy", "--tiny", "--fp8-conv",
+           "--fp8", "--unroll", "2", "--iters", "1", "--policy-layouts", "unrolled", "scan", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.read_text())["conv"]
@@ -97,6 +97,9 @@ def test_profile_ops_fp8_probes(tmp_path):
     dit = json.loads(out.read_text())["dit"]
     q = dit["dit 18 tokens, scan_unroll=2, fp8"]
     assert q["busy_ms"] > 0 and 1e-3 < q["rel_l2_vs_float"] < 1e-1, q
+    policy = json.loads(out.read_text())["policy"]  # the control step, one profile per backbone layout
+    assert sorted(k.rsplit(" ", 1)[-1] for k in policy) == ["scan", "unrolled"]
+    assert all(r["wall_ms"] > 0 and r["compile_s"] > 0 for r in policy.values()), policy
 
 
 def test_fp8_causal_and_streaming_benches(tmp_path):

@@ -14,7 +14,7 @@
 # BENCHES=image: the policy observation's VAE encode (2 frames at 480×640), lone-frame vs every-tap program.
 # BENCHES=unroll: the policy step with the 4D backbone in its serving layout (dit4d.unrolled4d) beside the
 # stacked layer scan, bf16 and static FP8 + FP8 attention (5 rows, ≈ 7 min); world4d_unroll: the 4D
-# feature pass the same two ways.
+# feature pass the same two ways; profile_policy: per-kernel time of the FP8 control step in both layouts.
 set -u
 export PYTHONPATH=$PWD/.evalpkgs_i3d:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -27,6 +27,7 @@ for b in ${BENCHES:-world4d fvd policy}; do
     policy) python3 bench/bench_policy.py --size full --fp8 --fp8-static --out "$OUT/policy_fp8_$card.json" ;;
     fvd) python3 bench/bench_eval.py --stages fvd --out "$OUT/eval_fvd_$card.json" ;;
     unroll) python3 bench/bench_policy.py --size full --fp8-static --fp8-attention --scanned --out "$OUT/policy_unrolled_$card.json" ;;
+    profile_policy) python3 bench/profile_ops.py --targets policy --policy-fp8 static+attention --policy-layouts unrolled scan --out "$OUT/profile_policy_$card.json" ;;
     world4d_unroll) python3 bench/bench_world4d.py --fp8-static --fp8-attention --unrolled --out "$OUT/world4d_unrolled_$card.json" ;;
     image) python3 bench/bench_vae.py --image-batch 2 --height 480 --width 640 --out "$OUT/vae_image_encode_$card.json" ;;
     fp8attn) JAX_PLATFORMS=cuda python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_fp8_attention.py
