@@ -144,3 +144,33 @@ def test_world4d_stage_2_without_stage_1_stops_early(tmp_path):
     assert r.returncode == 2 and "world4d 2 starts from stage 1's export" in r.stderr
     assert not (tmp_path / "calls").exists()  # nothing trained
     assert _world4d_stage(tmp_path, "4", carried=False).returncode == 2
+
+
+@pytest.mark.skipif(not (shutil.which("pgrep") and Path("/proc/self/cwd").exists()), reason="needs pgrep and /proc")
+def test_stop_interrupts_only_the_chains_trainers(tmp_path):
+    """stop.sh (poll.sh's STOP_AFTER) sends SIGINT to the train.py runs working in WORKDIR — which
+    save and exit as at their time limit — and leaves a trainer elsewhere and other processes be."""
+    import sys
+    import time
+
+    handler = ("import signal, sys, time, pathlib\n"
+               "signal.signal(signal.SIGINT, lambda *a: (pathlib.Path('stopped').write_text('1'), sys.exit(0)))\n"
+               "time.sleep(60)\n")
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    for d in (work, elsewhere):
+        d.mkdir()
+    start = lambda cwd, *args: subprocess.Popen([sys.executable, "-c", handler, *args], cwd=cwd)  # noqa: E731
+    procs = [start(work, "train.py", "--config", "x"), start(elsewhere, "train.py", "--config", "x"),
+             start(work, "other.py", "--config", "x")]
+    try:
+        time.sleep(1.0)  # the handlers are installed
+        env = {**os.environ, "WORKDIR": str(work)}
+        r = subprocess.run(["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "1 training run(s) asked to stop" in r.stdout, r.stdout
+        assert procs[0].wait(timeout=30) == 0 and (work / "stopped").exists()
+        time.sleep(0.5)
+        assert procs[1].poll() is None and procs[2].poll() is None and not (elsewhere / "stopped").exists()
+    finally:
+        for p in procs:
+            p.kill()
