@@ -31,7 +31,7 @@ from rynn_jax.models.layers import layer_norm, linear, param, patchify_embed
 __all__ = [  # the config and the block's pieces are re-exported: callers import them from here
     "WanDiTConfig", "ATTENTION_FWD_PRIMITIVES", "WanAttention", "WanBlock", "attention", "attention_impl",
     "frames_to_tokens", "modulate", "pad_tokens", "save_dots_and_attention", "timestep_sinusoid",
-    "patch_embed_params", "stacked", "WanDiT", "token_grid", "unpatchify", "init_dit", "abstract_dit", "unrolled",
+    "patch_embed_params", "stacked", "unstacked", "WanDiT", "token_grid", "unpatchify", "init_dit", "abstract_dit", "unrolled",
     "fuse_qkv", "fuse_cross_kv", "dit_from_params",
 ]
 
@@ -61,6 +61,21 @@ def stacked(make: Callable[[nnx.Rngs], M], n: int, rngs: nnx.Rngs) -> M:
         return make(rngs)
 
     return make_all(rngs)
+
+
+def unstacked(stack: nnx.Module, abstract_layer: nnx.Module, n: int) -> list[nnx.Module]:
+    """The inverse of `stacked`: its first `n` layers as modules of their own, each with the
+    structure of `abstract_layer` (an abstract module of one layer) and its slice of every stacked
+    variable, copied out once."""
+    values = nnx.to_pure_dict(nnx.state(stack))
+    slice_layer = jax.jit(lambda tree, i: jax.tree.map(lambda a: a[i], tree))
+    graphdef, abstract = nnx.split(abstract_layer)
+    layers = []
+    for i in range(n):
+        state = jax.tree.map(lambda a: a, abstract)  # a fresh State to fill
+        nnx.replace_by_pure_dict(state, slice_layer(values, i))
+        layers.append(nnx.merge(graphdef, state))
+    return layers
 
 
 class WanDiT(nnx.Module):
@@ -248,16 +263,10 @@ def unrolled(model: WanDiT, *, fuse_self_qkv: bool = True, fuse_text_kv: bool = 
     cfg = dataclasses.replace(model.cfg, scan_unroll=model.cfg.num_layers)
     graphdef, _ = nnx.split(abstract_dit(cfg))
     out = nnx.merge(graphdef, nnx.state(model))
-    stacked = nnx.to_pure_dict(nnx.state(model.blocks))
-    slice_layer = jax.jit(lambda tree, i: jax.tree.map(lambda a: a[i], tree))
-    layers = []
-    for i in range(cfg.num_layers):
-        block_graphdef, block_state = nnx.split(build.abstract_model(WanBlock, cfg))
-        nnx.replace_by_pure_dict(block_state, slice_layer(stacked, i))
-        block = nnx.merge(block_graphdef, block_state)
-        if fuse_self_qkv:
+    layers = unstacked(model.blocks, build.abstract_model(WanBlock, cfg), cfg.num_layers)
+    if fuse_self_qkv:
+        for block in layers:
             fuse_qkv(block.self_attn)
-        layers.append(block)
     out.blocks = nnx.List(layers)
     if fuse_text_kv:
         fuse_cross_kv(out)

@@ -45,7 +45,7 @@ from flax import nnx
 
 from rynn_jax.models import build, rope
 from rynn_jax.models.dit import (WanBlock, WanDiT, WanDiTConfig, attention, fuse_qkv, patch_embed_params, stacked,
-                                   token_grid, unrolled)
+                                   token_grid, unrolled, unstacked)
 from rynn_jax.models.fp8_linear import Fp8InputAmax
 from rynn_jax.models.layers import linear, param, patchify_embed, rms_norm
 
@@ -334,14 +334,16 @@ def unrolled4d(model: WanDiT4D, *, num_layers: int | None = None, fuse_self_qkv:
     cfg = dataclasses.replace(model.cfg, base=base.cfg)
     out = nnx.merge(*nnx.split(model))  # a new module graph over the same arrays
     out.cfg, out.base = cfg, base
+    with nnx.use_eager_sharding(False):
+        abstract_block = nnx.eval_shape(lambda: _branch_block(base.cfg, nnx.Rngs(0)))
+        abstract_joint = nnx.eval_shape(lambda: JointAttention(cfg, rngs=nnx.Rngs(0)))
     for branch in (out.depth, out.flow):
-        branch.blocks = nnx.List(_unstacked(branch.blocks, lambda r: _branch_block(base.cfg, r),
-                                            base.cfg.num_layers))
+        branch.blocks = nnx.List(unstacked(branch.blocks, abstract_block, base.cfg.num_layers))
         if fuse_self_qkv:
             for block in branch.blocks:
                 fuse_qkv(block.self_attn)
     if out.joint is not None:
-        out.joint = nnx.List(_unstacked(out.joint, lambda r: JointAttention(cfg, rngs=r), len(cfg.joint_layers)))
+        out.joint = nnx.List(unstacked(out.joint, abstract_joint, len(cfg.joint_layers)))
     return out
 
 
@@ -361,21 +363,6 @@ def _truncated(model: WanDiT4D, n: int) -> WanDiT4D:
         if not joint_layers:
             del values["joint"]
     return build.model_from_params(WanDiT4D, cfg, values)
-
-
-def _unstacked(stack: nnx.Module, make, n: int) -> list[nnx.Module]:
-    """The `n` layers of a stacked module (`dit.stacked`) as modules of their own, each made by
-    `make(rngs)` (only its structure is used) and given its slice of every stacked variable."""
-    values = nnx.to_pure_dict(nnx.state(stack))
-    slice_layer = jax.jit(lambda tree, i: jax.tree.map(lambda a: a[i], tree))
-    with nnx.use_eager_sharding(False):
-        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))))
-    layers = []
-    for i in range(n):
-        state = jax.tree.map(lambda a: a, abstract)  # a fresh State to fill
-        nnx.replace_by_pure_dict(state, slice_layer(values, i))
-        layers.append(nnx.merge(graphdef, state))
-    return layers
 
 
 def _with_modulation(block: WanBlock, rgb_block: WanBlock) -> WanBlock:
