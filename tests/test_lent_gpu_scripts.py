@@ -174,3 +174,43 @@ def test_stop_interrupts_only_the_chains_trainers(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def _chain_decoder_stage(tmp_path: Path, trainer_exports: bool) -> tuple[str, list[str]]:
+    """chain.sh's decoder stage (DECODERS=vae_wide) in a repository holding only the scripts, with a
+    python3 on PATH that records its arguments; the training run makes the folder its `export_dir`
+    names when `trainer_exports` (as train.py does after its last step), an export call its `--out`."""
+    bin_dir, repo, work = tmp_path / "bin", tmp_path / "repo", tmp_path / "work"
+    bin_dir.mkdir()
+    repo.mkdir()
+    (repo / "scripts").symlink_to(REPO / "scripts")
+    _net(work / "weights" / "synthetic", "autoencoder", b"the committed one")
+    fake = bin_dir / "python3"
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {tmp_path}/calls
+for a in "$@"; do case $a in export_dir=*) exp=${{a#export_dir=}} ;; esac; done
+[ "$1" = -m ] && out=${{@: -1}}
+[ "$1" != -m ] && [ {int(trainer_exports)} = 1 ] && out=$exp
+[ -n "${{out:-}}" ] && mkdir -p "$out" && echo {{}} > "$out/config.json"
+exit 0
+""")
+    fake.chmod(0o755)
+    env = {**os.environ, "WORKDIR": str(work), "STAGES": "decoder", "DECODERS": "vae_wide",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(SCRIPTS / "chain.sh")], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (work / "weights" / "synthetic" / "autoencoder_wide" / "config.json").is_file()
+    return r.stdout, (tmp_path / "calls").read_text().splitlines()
+
+
+@pytest.mark.parametrize("trainer_exports", [True, False])
+def test_chain_decoder_exports_once(tmp_path, trainer_exports):
+    """The decoder trainer exports (with its held-out scoring, ≈ 100 s on the GPU) straight into the
+    folder pack.sh sends; a second export runs only when the trainer was stopped before its own."""
+    log, calls = _chain_decoder_stage(tmp_path, trainer_exports)
+    train = [c for c in calls if "train.py" in c]
+    assert len(train) == 1 and "export_dir=weights/synthetic/autoencoder_wide" in train[0]
+    exports = [c for c in calls if c.startswith("-m rynn_jax.training.decoder export")]
+    assert len(exports) == (0 if trainer_exports else 1)
+    assert "finished autoencoder_wide" in log

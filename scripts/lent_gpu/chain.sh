@@ -113,11 +113,12 @@ if has decoder; then  # decoders of the committed latent space, encoder frozen: 
   await_episodes
   use autoencoder
   for v in ${DECODERS:-tae}; do
-    stop_after "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" \
-      --config "$REPO/configs/synthetic_decoder.py:$v" --set data.worker_count=12 ${DECODER_ARGS:-} > "out/decoder_$v.log" 2>&1
-    log "decoder $v rc=$?"
     case $v in vae) out=weights/synthetic/autoencoder_decoder_tuned ;; vae_wide) out=weights/synthetic/autoencoder_wide ;;
       *) out=weights/synthetic/tiny_decoder ;; esac
+    # the trainer exports (and scores) straight into $out; exported again only when it was killed first
+    stop_after "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" --config "$REPO/configs/synthetic_decoder.py:$v" \
+      --set data.worker_count=12 --set "export_dir=$out" ${DECODER_ARGS:-} > "out/decoder_$v.log" 2>&1
+    log "decoder $v rc=$?"
     [ -f "$out/config.json" ] || [ -f "$out/model.safetensors" ] || {
       python3 -m rynn_jax.training.decoder export --config "$REPO/configs/synthetic_decoder.py:$v" --out "$out" \
         >> "out/decoder_$v.log" 2>&1; log "decoder $v export rc=$?"; }
