@@ -176,41 +176,59 @@ def test_stop_interrupts_only_the_chains_trainers(tmp_path):
             p.kill()
 
 
-def _chain_decoder_stage(tmp_path: Path, trainer_exports: bool) -> tuple[str, list[str]]:
-    """chain.sh's decoder stage (DECODERS=vae_wide) in a repository holding only the scripts, with a
-    python3 on PATH that records its arguments; the training run makes the folder its `export_dir`
-    names when `trainer_exports` (as train.py does after its last step), an export call its `--out`."""
+def _chain(tmp_path: Path, trainer_exports: bool = True, rc: int = 0, **env: str) -> tuple[str, list[str]]:
+    """chain.sh in a repository holding only the scripts, with the committed autoencoder delivered and
+    a python3 on PATH that records its arguments (`python3 -c` runs for real: the recipe's constants);
+    a training run makes the folder its `export_dir` names when `trainer_exports` (as train.py does
+    after its last step; the autoencoder4d recipe's is weights/synthetic/autoencoder4d), an export
+    call its `--out`."""
     bin_dir, repo, work = tmp_path / "bin", tmp_path / "repo", tmp_path / "work"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     repo.mkdir()
     (repo / "scripts").symlink_to(REPO / "scripts")
+    (repo / "configs").symlink_to(REPO / "configs")
     _net(work / "weights" / "synthetic", "autoencoder", b"the committed one")
     fake = bin_dir / "python3"
     fake.write_text(f"""#!/usr/bin/env bash
+[ "$1" = -c ] && PYTHONPATH={REPO} exec "{shutil.which('python3')}" "$@"
 echo "$*" >> {tmp_path}/calls
-for a in "$@"; do case $a in export_dir=*) exp=${{a#export_dir=}} ;; esac; done
+exp=
+for a in "$@"; do case $a in export_dir=*) exp=${{a#export_dir=}} ;; *synthetic_ae4d.py*) exp=weights/synthetic/autoencoder4d ;; esac; done
 [ "$1" = -m ] && out=${{@: -1}}
 [ "$1" != -m ] && [ {int(trainer_exports)} = 1 ] && out=$exp
 [ -n "${{out:-}}" ] && mkdir -p "$out" && echo {{}} > "$out/config.json"
 exit 0
 """)
     fake.chmod(0o755)
-    env = {**os.environ, "WORKDIR": str(work), "STAGES": "decoder", "DECODERS": "vae_wide",
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "WORKDIR": str(work), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(fake),
+           "INIT_WAIT": "0", **env}
     r = subprocess.run(["bash", str(SCRIPTS / "chain.sh")], cwd=repo, env=env, capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert (work / "weights" / "synthetic" / "autoencoder_wide" / "config.json").is_file()
-    return r.stdout, (tmp_path / "calls").read_text().splitlines()
+    assert r.returncode == rc, r.stderr
+    calls = tmp_path / "calls"
+    return r.stdout, calls.read_text().splitlines() if calls.exists() else []
 
 
 @pytest.mark.parametrize("trainer_exports", [True, False])
 def test_chain_decoder_exports_once(tmp_path, trainer_exports):
     """The decoder trainer exports (with its held-out scoring, ≈ 100 s on the GPU) straight into the
     folder pack.sh sends; a second export runs only when the trainer was stopped before its own."""
-    log, calls = _chain_decoder_stage(tmp_path, trainer_exports)
+    log, calls = _chain(tmp_path, trainer_exports, STAGES="decoder", DECODERS="vae_wide")
     train = [c for c in calls if "train.py" in c]
     assert len(train) == 1 and "export_dir=weights/synthetic/autoencoder_wide" in train[0]
     exports = [c for c in calls if c.startswith("-m rynn_jax.training.decoder export")]
     assert len(exports) == (0 if trainer_exports else 1)
     assert "finished autoencoder_wide" in log
+    assert (tmp_path / "work" / "weights" / "synthetic" / "autoencoder_wide" / "config.json").is_file()
+
+
+def test_chain_wide_autoencoder4d_starts_from_the_decoder_stage(tmp_path):
+    """AE4D_VARIANT=wide: the decoder stage (vae_wide) runs first and autoencoder4d fine-tunes its
+    export on RGB, depth and flow; without a vae_wide export the stage stops instead of training."""
+    log, calls = _chain(tmp_path, STAGES="decoder autoencoder4d", DECODERS="vae_wide", AE4D_VARIANT="wide")
+    train = [c for c in calls if "train.py" in c]
+    assert len(train) == 2 and "synthetic_decoder.py:vae_wide" in train[0]
+    assert "synthetic_ae4d.py:wide" in train[1] and "ckpt.init_from=weights/synthetic/autoencoder_wide" in train[1]
+    assert log.index("finished autoencoder_wide") < log.index("finished autoencoder4d")
+    log, calls = _chain(tmp_path / "alone", rc=1, STAGES="autoencoder4d", AE4D_VARIANT="wide")
+    assert "init/autoencoder_wide missing" in log and not [c for c in calls if "train.py" in c]

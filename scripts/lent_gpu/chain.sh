@@ -5,7 +5,7 @@
 # DATA_SECONDS (data generation runs in the background for that long from its start), DATA_WORKERS, AE_START_EPISODES
 # (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop; KILL_AFTER seconds later, default
-# 300, a run still going is killed), AE4D_VARIANT (frozen: configs/synthetic_ae4d.py:frozen), AE_INIT / TEACHER_INIT
+# 300, a run still going is killed), AE4D_VARIANT (frozen / wide: configs/synthetic_ae4d.py:frozen / :wide), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
 # see deliver.sh), STUDENT_INIT (an exported student phase B continues from; phase A is skipped),
 # PREENCODE_WORKERS, INIT_WAIT, AE_ARGS / TEACHER_ARGS (more train.py flags, e.g.
@@ -96,19 +96,6 @@ if has autoencoder; then
     log "autoencoder export rc=$?"; }
   finished autoencoder
 fi
-if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
-  await_episodes
-  use autoencoder
-  AE4D_SECONDS=${AE4D_SECONDS:-600} AE4D_ARGS="--set data.worker_count=12 ${AE4D_ARGS:-}" \
-    $S autoencoder4d > out/autoencoder4d.log 2>&1
-  log "autoencoder4d rc=$?"
-  [ -f weights/synthetic/autoencoder4d/config.json ] || {
-    python3 -m "rynn_jax.training.$([ -n "${AE4D_VARIANT:-}" ] && echo decoder || echo autoencoder)" export \
-      --config "$REPO/configs/synthetic_ae4d.py${AE4D_VARIANT:+:$AE4D_VARIANT}" --out weights/synthetic/autoencoder4d \
-      >> out/autoencoder4d.log 2>&1
-    log "autoencoder4d export rc=$?"; }
-  finished autoencoder4d
-fi
 if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae vae_wide" (each ≤ DECODER_SECONDS)
   await_episodes
   use autoencoder
@@ -124,6 +111,24 @@ if has decoder; then  # decoders of the committed latent space, encoder frozen: 
         >> "out/decoder_$v.log" 2>&1; log "decoder $v export rc=$?"; }
     finished "$(basename "$out")"
   done
+fi
+if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
+  await_episodes
+  use autoencoder
+  if [ "${AE4D_VARIANT:-}" = wide ]; then  # from the vae_wide export: this lease's decoder stage (run
+    # first, DECODERS=vae_wide) or one a call carried (weights/synthetic/autoencoder_wide in its tree)
+    use autoencoder_wide
+    AE4D_ARGS="--set ckpt.init_from=weights/synthetic/autoencoder_wide ${AE4D_ARGS:-}"
+  fi
+  AE4D_SECONDS=${AE4D_SECONDS:-600} AE4D_ARGS="--set data.worker_count=12 ${AE4D_ARGS:-}" \
+    $S autoencoder4d > out/autoencoder4d.log 2>&1
+  log "autoencoder4d rc=$?"
+  [ -f weights/synthetic/autoencoder4d/config.json ] || {
+    python3 -m "rynn_jax.training.$([ -n "${AE4D_VARIANT:-}" ] && echo decoder || echo autoencoder)" export \
+      --config "$REPO/configs/synthetic_ae4d.py${AE4D_VARIANT:+:$AE4D_VARIANT}" ${AE4D_ARGS:-} --out weights/synthetic/autoencoder4d \
+      >> out/autoencoder4d.log 2>&1
+    log "autoencoder4d export rc=$?"; }
+  finished autoencoder4d
 fi
 stop_data
 if has preencode; then
