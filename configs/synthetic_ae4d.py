@@ -1,6 +1,6 @@
 """The synthetic autoencoder adapted to RynnWorld-4D's depth and flow videos (docs/RYNNWORLD4D.md),
 exported to synthetic.AUTOENCODER_4D beside the RGB autoencoder, which the teacher and student keep
-using. Two ways, both from the committed RGB autoencoder (`ckpt.init_from`):
+using. Three ways, all behind the committed RGB autoencoder's encoder (`ckpt.init_from`):
 
     python train.py --config configs/synthetic_ae4d.py          # whole autoencoder fine-tuned
     python train.py --config configs/synthetic_ae4d.py:frozen   # encoder frozen, its decoder fine-tuned
