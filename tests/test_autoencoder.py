@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -234,6 +235,37 @@ def test_heldout_streaming_equals_whole_clip(exported, fast_compile):
         assert sorted(kinds) == [0, 1]  # one clip of each video
         for k, p in zip(kinds, psnr):
             assert abs(h[f"psnr_{names[k]}"] - p) < 1e-3, (names[k], h, p)
+
+
+def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
+    """`autoencoder score DIR DIR`: per video and per frame on the recipe's held-out clips, each
+    frame's PSNR recomputed in NumPy; the table has a row per autoencoder; bad input is one line."""
+    cfg, _, vae = exported
+    overrides = [f"data.heldout_dirs=['{cfg.data.heldout_dirs[0]}']", "data.height=32", "data.width=48",
+                 "data.num_frames=5", "data.batch_size=2", "data.read_threads=2"]
+    copy = str(tmp_path / "copy")
+    shutil.copytree(cfg.export_dir, copy)
+    args = [cfg.export_dir, copy, "--config", TINY, "--clips", "2", "--out", str(tmp_path / "s.json")]
+    scores = ae.main(["score", *args, *[a for o in overrides for a in ("--set", o)]])
+    table = capsys.readouterr().out
+    assert f"| {cfg.export_dir} |" in table and f"| {copy} |" in table and "position 4 of 4" in table
+    assert json.loads((tmp_path / "s.json").read_text()) == scores and scores[copy] == scores[cfg.export_dir]
+    r = scores[cfg.export_dir]
+    loaded = ae.Codec(*nnx.split(vae, nnx.Param))
+    names, frames = list(cfg.data.videos), {}
+    for kinds, clip in _batches(cfg, cfg.data.heldout_dirs, 2, ae.EVAL_STREAM):
+        y = np.asarray(loaded.reconstruct(ae.to_unit(jnp.asarray(clip))), np.float64)
+        mse = ((y + 1) * 127.5 - clip.astype(np.float64)) ** 2
+        for k, f in zip(kinds, 10 * np.log10(255.0 ** 2 / mse.mean(axis=(2, 3, 4)))):
+            frames.setdefault(names[k], []).append(f)
+    for name, f in frames.items():
+        np.testing.assert_allclose(r[f"psnr_frames_{name}"], np.mean(f, axis=0), atol=1e-3)
+        assert len(r[f"psnr_frames_{name}"]) == cfg.data.num_frames
+    with pytest.raises(errors.MissingFileError, match="autoencoder .*no such directory"):
+        ae.score([str(tmp_path / "none")], cfg.data)
+    with pytest.raises(errors.UsageError, match="data.heldout_dirs is empty") as e:
+        ae.score([cfg.export_dir], dataclasses.replace(cfg.data, heldout_dirs=()))
+    assert "\n" not in str(e.value)
 
 
 def test_synthetic_preset_shapes():
