@@ -24,6 +24,7 @@ from flax import nnx
 
 from rynn_jax import errors
 from rynn_jax.data import video as video_lib
+from rynn_jax.eval import autoencoders
 from rynn_jax.models import vae as vae_lib
 from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.training import autoencoder as ae
@@ -238,7 +239,7 @@ def test_heldout_streaming_equals_whole_clip(exported, fast_compile):
 
 
 def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
-    """`autoencoder score DIR DIR`: per video and per frame on the recipe's held-out clips, each
+    """`python -m rynn_jax.eval.autoencoders DIR DIR`: per video and per frame on the recipe's held-out clips, each
     frame's PSNR recomputed in NumPy; the table has a row per autoencoder; bad input is one line."""
     cfg, _, vae = exported
     overrides = [f"data.heldout_dirs=['{cfg.data.heldout_dirs[0]}']", "data.height=32", "data.width=48",
@@ -246,7 +247,7 @@ def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
     copy = str(tmp_path / "copy")
     shutil.copytree(cfg.export_dir, copy)
     args = [cfg.export_dir, copy, "--config", TINY, "--clips", "2", "--out", str(tmp_path / "s.json")]
-    scores = ae.main(["score", *args, *[a for o in overrides for a in ("--set", o)]])
+    scores = autoencoders.main([*args, *[a for o in overrides for a in ("--set", o)]])
     table = capsys.readouterr().out
     assert f"| {cfg.export_dir} |" in table and f"| {copy} |" in table and "position 4 of 4" in table
     assert json.loads((tmp_path / "s.json").read_text()) == scores and scores[copy] == scores[cfg.export_dir]
@@ -262,9 +263,9 @@ def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
         np.testing.assert_allclose(r[f"psnr_frames_{name}"], np.mean(f, axis=0), atol=1e-3)
         assert len(r[f"psnr_frames_{name}"]) == cfg.data.num_frames
     with pytest.raises(errors.MissingFileError, match="autoencoder .*no such directory"):
-        ae.score([str(tmp_path / "none")], cfg.data)
+        autoencoders.score([cfg.export_dir, str(tmp_path / "none")], cfg.data)
     with pytest.raises(errors.UsageError, match="data.heldout_dirs is empty") as e:
-        ae.score([cfg.export_dir], dataclasses.replace(cfg.data, heldout_dirs=()))
+        autoencoders.score([cfg.export_dir], dataclasses.replace(cfg.data, heldout_dirs=()))
     assert "\n" not in str(e.value)
 
 

@@ -3,7 +3,7 @@ synthetic world's videos and exported as a VAE directory that every VAE loader o
 
     python train.py --config configs/synthetic_ae.py                  # train (+ export, + held-out eval)
     python -m rynn_jax.training.autoencoder export --config configs/synthetic_ae.py --out DIR
-    python -m rynn_jax.training.autoencoder score DIR [DIR ...]   # exports side by side on held-out clips
+    python -m rynn_jax.eval.autoencoders DIR [DIR ...]               # exports side by side on held-out clips
 
 The contract is the Wan2.2 VAE's: causal in time, 4× temporal compression (clips of 1 + 4·k
 frames → 1 + k latent frames), streaming encode/decode with static caches — the same code
@@ -565,67 +565,7 @@ def export_cli(prog: str, doc: str, config_cls: type, recipe: str, argv: Sequenc
     return a, config_lib.apply_overrides(config_lib.load_config(a.config, (config_cls,)), a.set)
 
 
-def score(vae_dirs: Sequence[str], data: AutoencoderDataConfig) -> dict[str, dict]:
-    """Exported autoencoders side by side on the same `data.eval_clips` clips of `data.heldout_dirs`
-    (every video of `data.videos`): {dir: evaluate(..., per_frame=True)}."""
-    from rynn_jax.models.vae_weights import load_vae
-
-    if not data.heldout_dirs:
-        raise errors.UsageError("data.heldout_dirs is empty: nothing to score",
-                                fix="--set \"data.heldout_dirs=('data/synthetic/heldout/*/episode_*',)\"")
-    items = video_items(episode_dirs(data.heldout_dirs, "data.heldout_dirs"), data.videos)
-    out = {}
-    for d in vae_dirs:
-        errors.existing(d, "autoencoder", kind="directory")
-        codec = Codec(*nnx.split(load_vae(d), nnx.Param))
-        out[d] = evaluate(codec, data, items, per_frame=True) | {"temporal_stride": codec.cfg.temporal_stride}
-    return out
-
-
-def score_table(scores: dict[str, dict], names: Sequence[str]) -> str:
-    """Markdown: per autoencoder, the PSNR of each video, then the first video's frame 0 and its
-    frames by position inside a latent's frames (1 + k·stride + position)."""
-    first, stride = names[0], next(iter(scores.values()))["temporal_stride"]
-    head = (["autoencoder", *[f"{n} PSNR" for n in names], f"{first} frame 0"]
-            + [f"{first} position {k + 1} of {stride}" for k in range(stride)])
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for d, r in scores.items():
-        f = np.asarray(r[f"psnr_frames_{first}"])
-        by_pos = [f[1:][k::stride].mean() for k in range(stride)]
-        cells = [d, *[f"{r[f'psnr_{n}']:.2f}" for n in names], f"{f[0]:.2f}", *[f"{v:.2f}" for v in by_pos]]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-def score_main(argv: Sequence[str]) -> dict[str, dict]:
-    """`score`: held-out PSNR of exported autoencoders on the same clips, per video and per frame."""
-    p = errors.ArgumentParser(prog="python -m rynn_jax.training.autoencoder score",
-                              description=score_main.__doc__)
-    p.add_argument("vae", nargs="+", help="exported autoencoder directories")
-    p.add_argument("--config", default="configs/synthetic_ae4d.py:frozen",
-                   help="recipe whose data section names the held-out episodes, videos, clip size "
-                        "(default: the RGB, depth and flow videos)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    p.add_argument("--clips", type=int, default=0, help="clips (default: the recipe's data.eval_clips)")
-    p.add_argument("--out", default="", help="also write the scores as JSON here")
-    a = p.parse_args(argv)
-    from rynn_jax.training.decoder import DecoderTrainConfig
-
-    cfg = config_lib.apply_overrides(config_lib.load_config(a.config, (AutoencoderTrainConfig, DecoderTrainConfig)),
-                                     a.set)
-    data = dataclasses.replace(cfg.data, eval_clips=a.clips) if a.clips else cfg.data
-    scores = score(a.vae, data)
-    print(score_table(scores, list(data.videos)))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(scores, f, indent=1)
-    return scores
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["score"]:
-        return score_main(argv[1:])
     a, cfg = export_cli("python -m rynn_jax.training.autoencoder", __doc__, AutoencoderTrainConfig,
                         "configs/synthetic_ae.py", argv)
     state = restore(cfg)
