@@ -61,7 +61,7 @@ def table(scores: dict[str, dict], names: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
-    p = errors.ArgumentParser(prog="python -m rynn_jax.eval.autoencoders", description=__doc__.split("\n\n")[0])
+    p = errors.ArgumentParser(prog="python -m rynn_jax.eval.autoencoders", description=__doc__)
     p.add_argument("vae", nargs="+", help="exported autoencoder directories")
     p.add_argument("--config", default="configs/synthetic_ae4d.py:frozen",
                    help="recipe whose data section names the held-out episodes, videos and clip size")
