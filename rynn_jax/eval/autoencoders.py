@@ -1,4 +1,4 @@
-"""Exported autoencoders side by side on the same held-out clips, per video and per frame:
+r"""Exported autoencoders side by side on the same held-out clips, per video and per frame:
 
     python -m rynn_jax.eval.autoencoders weights/synthetic/autoencoder runs/synthetic/decoder_vae_wide/autoencoder \
         --set "data.heldout_dirs=('data/geo_heldout/*/episode_*',)" --clips 24 --out scores.json
