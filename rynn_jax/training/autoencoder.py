@@ -367,11 +367,12 @@ def evaluate(codec: Codec, data: AutoencoderDataConfig, items: Sequence[Item], s
     for kinds, video_u8 in fixed_clips(data, items, data.eval_clips, EVAL_STREAM):
         x = to_unit(jnp.asarray(video_u8))
         whole = codec.reconstruct(x)
-        clip_psnr = np.asarray(psnr(jnp.mean(jnp.square(whole - x), axis=(1, 2, 3, 4))))
+        frame_mse = jnp.mean(jnp.square(whole - x), axis=(2, 3, 4))  # (B, T); a clip's MSE is their mean
+        clip_psnr = np.asarray(psnr(jnp.mean(frame_mse, axis=1)))
         for k, p in zip(kinds, clip_psnr):
             per_kind[names[k]].append(float(p))
         if per_frame:
-            for k, f in zip(kinds, np.asarray(psnr(jnp.mean(jnp.square(whole - x), axis=(2, 3, 4))))):
+            for k, f in zip(kinds, np.asarray(psnr(frame_mse))):
                 frames[names[k]].append(f)
         if streaming:
             stream = codec.reconstruct_streaming(x)
