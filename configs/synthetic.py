@@ -33,6 +33,7 @@ DATA_HELDOUT = "data/synthetic/heldout"
 TEXT_EMBEDDINGS = "data/synthetic/text_embeddings"
 LATENTS = "data/synthetic/latents/robot-*.array_record"
 AUTOENCODER = "weights/synthetic/autoencoder"
+AUTOENCODER_WIDE_JOINT = "weights/synthetic/autoencoder_wide_joint"  # synthetic_ae.py:wide (new latents: not the teacher's)
 AUTOENCODER_4D = "weights/synthetic/autoencoder4d"  # the autoencoder fine-tuned on depth and flow too (synthetic_ae4d.py)
 TINY_DECODER = "weights/synthetic/tiny_decoder"  # real-time decoder of its latents (configs/synthetic_decoder.py:tae)
 TEACHER = "weights/synthetic/teacher"  # exported EMA teacher (distillation's ckpt.init_from)

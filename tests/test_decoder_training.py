@@ -237,6 +237,16 @@ def test_vae_wide_trains_a_wider_decoder_behind_the_same_encoder(episodes, autoe
     x = _heldout(cfg)
     z = [jax.jit(lambda p, x, g=g: vae_lib.encode(g, p, x))(p, x) for g, p in map(nnx.split, (original, exported))]
     np.testing.assert_array_equal(np.asarray(z[0]), np.asarray(z[1]))
+    # configs/synthetic_ae.py:wide: the autoencoder trainer continues from this export (encoder and the
+    # wide decoder), and its recipe at the old width is refused by name
+    ae_cfg = ae.AutoencoderTrainConfig(model=exported.cfg, data=cfg.data, ckpt=config_lib.CheckpointConfig(
+        dir=str(tmp_path / "ae_ckpt"), init_from=cfg.export_dir))
+    tx = optim.make_optimizer(ae_cfg.optim, 10)
+    _, state = ae.init_state(ae_cfg, tx)
+    for a, b in zip(jax.tree.leaves(nnx.split(exported, nnx.Param)[1]), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b))
+    with pytest.raises(errors.UsageError, match="decoder_base_dim differ"):
+        ae.init_state(dataclasses.replace(ae_cfg, model=original.cfg), tx)
     with pytest.raises(ValueError, match="vae_decoder_width"):
         dec.DecoderTrainConfig(decoder="tae", vae_decoder_width=64)
 

@@ -232,3 +232,21 @@ def test_chain_wide_autoencoder4d_starts_from_the_decoder_stage(tmp_path):
     assert log.index("finished autoencoder_wide") < log.index("finished autoencoder4d")
     log, calls = _chain(tmp_path / "alone", rc=1, STAGES="autoencoder4d", AE4D_VARIANT="wide")
     assert "init/autoencoder_wide missing" in log and not [c for c in calls if "train.py" in c]
+
+
+def test_chain_wide_autoencoder_trains_encoder_and_decoder_after_the_decoder_stage(tmp_path):
+    """AE_VARIANT=wide: the autoencoder stage waits for the decoder stage and continues its vae_wide
+    export, encoder included (configs/synthetic_ae.py:wide), into a folder of its own beside the
+    committed autoencoder; without the variant it runs first, into the committed autoencoder's place."""
+    log, calls = _chain(tmp_path, STAGES="autoencoder decoder", DECODERS="vae_wide", AE_VARIANT="wide")
+    train = [c for c in calls if "train.py" in c]
+    assert len(train) == 2 and "synthetic_decoder.py:vae_wide" in train[0]
+    args = train[1].split()
+    assert args[2].endswith("synthetic_ae.py:wide") and "ckpt.init_from=weights/synthetic/autoencoder_wide" in args
+    assert "export_dir=weights/synthetic/autoencoder_wide_joint" in args
+    assert log.index("finished autoencoder_wide\n") < log.index("finished autoencoder_wide_joint")
+    log, calls = _chain(tmp_path / "plain", STAGES="autoencoder decoder", DECODERS="vae_wide")
+    train = [c for c in calls if "train.py" in c]
+    args = train[0].split()
+    assert args[2].endswith("synthetic_ae.py") and "export_dir=weights/synthetic/autoencoder" in args
+    assert "synthetic_decoder.py:vae_wide" in train[1]

@@ -3,7 +3,8 @@
 # of: heldout data autoencoder autoencoder4d decoder preencode teacher export distill_a distill_b distill_export
 # preencode4d world4d eval4d; AE4D=carried: they wait for an autoencoder4d a call carries),
 # DATA_SECONDS (data generation runs in the background for that long from its start), DATA_WORKERS, AE_START_EPISODES
-# (the autoencoder starts once this many training episodes exist), AE_SECONDS / TEACHER_SECONDS /
+# (the autoencoder starts once this many training episodes exist), AE_VARIANT (wide:
+# configs/synthetic_ae.py:wide, after the decoder stage, from its vae_wide export), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop; KILL_AFTER seconds later, default
 # 300, a run still going is killed), AE4D_VARIANT (frozen / wide: configs/synthetic_ae4d.py:frozen / :wide), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
@@ -83,19 +84,24 @@ stop_after() {  # stop_after SECONDS CMD...: SIGINT after SECONDS (the run saves
 finished() {  # finished NET: weights/synthetic/NET is complete; pack.sh brings it back before ALLDONE
   [ -f "weights/synthetic/$1/config.json" ] && log "finished $1"
 }
-if has autoencoder; then
+autoencoder_stage() {  # configs/synthetic_ae.py[:AE_VARIANT] → its export_dir (wide: after the decoder stage, from its vae_wide export)
   await_episodes
+  if [ "${AE_VARIANT:-}" = wide ]; then use autoencoder_wide; AE_INIT=${AE_INIT:-weights/synthetic/autoencoder_wide}; fi
   [ -z "${AE_INIT:-}" ] || need "$AE_INIT"
-  log "autoencoder starts with $(count) episodes"
+  local cfg="$REPO/configs/synthetic_ae.py${AE_VARIANT:+:$AE_VARIANT}" out
+  out=$(python3 -c "from configs import synthetic_ae; print(synthetic_ae.get_config('${AE_VARIANT:-}').export_dir)") || {
+    log "AE_VARIANT=${AE_VARIANT:-}: no such recipe"; log ALLDONE; exit 1; }
+  log "autoencoder${AE_VARIANT:+ $AE_VARIANT} starts with $(count) episodes"
   init=${AE_INIT:+--set ckpt.init_from=$AE_INIT}
-  stop_after "${AE_SECONDS:-900}" \
-    python3 "$REPO/train.py" --config "$REPO/configs/synthetic_ae.py" --set data.worker_count=12 $init ${AE_ARGS:-} > out/autoencoder.log 2>&1
+  stop_after "${AE_SECONDS:-900}" python3 "$REPO/train.py" --config "$cfg" --set data.worker_count=12 \
+    --set "export_dir=$out" $init ${AE_ARGS:-} > out/autoencoder.log 2>&1
   log "autoencoder rc=$?"
-  [ -f weights/synthetic/autoencoder/config.json ] || {
-    python3 -m rynn_jax.training.autoencoder export --config "$REPO/configs/synthetic_ae.py" --out weights/synthetic/autoencoder >> out/autoencoder.log 2>&1
+  [ -f "$out/config.json" ] || {
+    python3 -m rynn_jax.training.autoencoder export --config "$cfg" ${AE_ARGS:-} --out "$out" >> out/autoencoder.log 2>&1
     log "autoencoder export rc=$?"; }
-  finished autoencoder
-fi
+  finished "$(basename "$out")"
+}
+has autoencoder && [ "${AE_VARIANT:-}" != wide ] && autoencoder_stage
 if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae vae_wide" (each ≤ DECODER_SECONDS)
   await_episodes
   use autoencoder
@@ -112,6 +118,7 @@ if has decoder; then  # decoders of the committed latent space, encoder frozen: 
     finished "$(basename "$out")"
   done
 fi
+has autoencoder && [ "${AE_VARIANT:-}" = wide ] && autoencoder_stage
 if has autoencoder4d; then  # the committed autoencoder fine-tuned on depth and flow videos too (RynnWorld-4D)
   await_episodes
   use autoencoder
