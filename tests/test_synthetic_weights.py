@@ -112,11 +112,11 @@ def test_student_follows_its_skeleton(student_scores):
 
 def test_bundled_tiny_decoder_reads_the_autoencoder_latents():
     """weights/synthetic/tiny_decoder (serve.py's `--decoder tiny`) decodes the bundled autoencoder's
-    latents of the two held-out episodes (frames 0..32) within 5 dB of the autoencoder's own decoder
-    and well above copying the first frame. Measured: 22.28 / 23.56 dB against the autoencoder's
-    26.76 / 27.78 and copying's 15.30 / 16.95 (dual_pick / lid_placement; the autoencoder's first decoder,
-    which the tiny one was measured against when it was trained: 25.38 / 26.57); the 400-step
-    CPU-trained decoder was 5.4 dB under that first decoder, an untrained one scores ≈ 6 dB."""
+    latents of the two held-out episodes (frames 0..32) over 21 dB against the truth, well above
+    copying the first frame, and under the autoencoder's own decoder. Measured: 22.28 / 23.56 dB
+    (dual_pick / lid_placement) against copying's 15.30 / 16.95 and the decoders of autoencoder
+    revisions 1, 5 and 6: 25.38 / 26.57, 26.76 / 27.78, 27.81 / 28.69; the 400-step CPU-trained
+    decoder was 5.4 dB under revision 1's (≈ 20 dB), an untrained one scores ≈ 6 dB."""
     import jax.numpy as jnp
 
     from rynn_jax.data.video import read_frames
@@ -134,5 +134,5 @@ def test_bundled_tiny_decoder_reads_the_autoencoder_latents():
         copy = psnr(np.broadcast_to(x[:, :1], x.shape), x)
         own, tiny = psnr(decode_whole(vae, z), x), psnr(decode_whole(tae, z), x)
         print(f"{ep.parent.name}: tiny decoder {tiny:.2f} dB, autoencoder's decoder {own:.2f}, copy {copy:.2f}")
-        assert tiny > copy + 3.0 and tiny > own - 5.0, (ep.parent.name, tiny, own, copy)
+        assert tiny > copy + 3.0 and 21.0 < tiny < own, (ep.parent.name, tiny, own, copy)
 

@@ -168,7 +168,7 @@ ae4d_or_rgb() {  # the 4D stages' autoencoder: this lease's autoencoder4d, else 
                  # else the RGB one
   [ -f weights/synthetic/autoencoder4d/config.json ] && return 0
   if [ "${AE4D:-}" = carried ] || [ -f init/autoencoder4d/config.json ]; then use autoencoder4d; return 0; fi
-  use autoencoder; log "no autoencoder4d: the 4D stages use the committed autoencoder (weights revision 5: its decoder learned depth and flow)"
+  use autoencoder; log "no autoencoder4d: the 4D stages use the committed autoencoder (its decoder learned depth and flow)"
 }
 if has preencode4d; then
   ae4d_or_rgb
