@@ -42,7 +42,7 @@ def get_config(variant: str = ""):
             ckpt=dataclasses.replace(cfg.ckpt, dir=f"{run}/ckpt", every=500, init_from=init),
             log=dataclasses.replace(cfg.log, dir=f"{run}/logs"),
             total_steps=4000, export_dir=synthetic.AUTOENCODER_4D)
-    cfg = synthetic_ae.get_config()
+    cfg = synthetic_ae.get_config("wide")  # the committed autoencoder's widths (revision 6: decoder 64)
     run = f"{synthetic.RUNS}/autoencoder4d"
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, videos={**SIM_VIDEOS, **GEOMETRY_VIDEOS}, eval_clips=128),
