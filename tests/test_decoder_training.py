@@ -251,6 +251,26 @@ def test_vae_wide_trains_a_wider_decoder_behind_the_same_encoder(episodes, autoe
         dec.DecoderTrainConfig(decoder="tae", vae_decoder_width=64)
 
 
+def test_vae_flat_decoder_has_the_widths_it_states(episodes, autoencoder, tmp_path, fast_compile):
+    """vae_flat: decoder_dim_mult (1, 1, 1) gives every decoder level the same width (12 here), the
+    encoder's widths unchanged; the export says so, loads, and streams like the whole clip."""
+    cfg = _cfg("vae_flat", *_overrides(episodes, autoencoder, str(tmp_path)), "total_steps=4", "ckpt.dir=")
+    assert (cfg.vae_decoder_width, cfg.vae_decoder_dim_mult) == (12, (1, 1, 1))
+    dec.train(cfg)
+    exported, original = load_vae(cfg.export_dir), load_vae(autoencoder)
+    assert exported.cfg == dataclasses.replace(original.cfg, decoder_base_dim=12, decoder_dim_mult=(1, 1, 1))
+    d = exported.decoder
+    widths = [d.conv_in.kernel.shape[-1], *(b.resnets[-1].conv2.kernel.shape[-1] for b in d.up_blocks)]
+    assert widths == [12] * 4, widths
+    assert exported.encoder.conv_in.kernel.shape == original.encoder.conv_in.kernel.shape
+    with open(os.path.join(cfg.export_dir, "heldout.json")) as f:
+        assert json.load(f)["heldout"]["streaming_max_abs_diff"] < 1e-4
+    with pytest.raises(ValueError, match="decoder_dim_mult needs one multiplier per level"):
+        dataclasses.replace(original.cfg, decoder_dim_mult=(1, 1))
+    with pytest.raises(ValueError, match="set vae_decoder_width too"):
+        dataclasses.replace(cfg, vae_decoder_width=0)
+
+
 def test_bad_inputs_are_one_line(episodes, autoencoder, tmp_path):
     base = _overrides(episodes, autoencoder, str(tmp_path))
     cases = [

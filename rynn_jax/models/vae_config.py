@@ -46,6 +46,9 @@ class KernelConvFn(Protocol):
 class WanVAEConfig:
     base_dim: int = 160  # encoder width at full (patchified) resolution
     decoder_base_dim: int = 256  # decoder width at full (patchified) resolution
+    # the decoder's width multiplier per level (empty: dim_mult); e.g. (1, 1, 1) keeps the
+    # full-resolution stage as wide as the low-resolution ones, where a decoder draws detail
+    decoder_dim_mult: tuple[int, ...] = ()
     z_dim: int = 48  # latent channels (the encoder emits 2·z_dim: mean and log-variance)
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)  # width multiplier per level; ×2 spatial between
     num_res_blocks: int = 2  # residual blocks per encoder level (decoder levels use one more)
@@ -70,6 +73,9 @@ class WanVAEConfig:
     def __post_init__(self):
         if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
             raise ValueError(f"latents_mean/std need {self.z_dim} values each")
+        if self.decoder_dim_mult and len(self.decoder_dim_mult) != len(self.dim_mult):
+            raise ValueError(f"decoder_dim_mult needs one multiplier per level ({len(self.dim_mult)}), "
+                             f"got {self.decoder_dim_mult}")
         if len(self.temporal_downsample) != len(self.dim_mult) - 1:
             raise ValueError("temporal_downsample needs one flag per down step (len(dim_mult) - 1)")
         if self.kernel_conv is not None and not callable(self.kernel_conv):

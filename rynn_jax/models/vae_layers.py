@@ -372,7 +372,7 @@ class Encoder(nnx.Module):
 
 class Decoder(nnx.Module):
     def __init__(self, cfg: WanVAEConfig, *, rngs: nnx.Rngs):
-        mults = cfg.dim_mult[::-1]
+        mults = (cfg.decoder_dim_mult or cfg.dim_mult)[::-1]
         dims = [cfg.decoder_base_dim * m for m in (mults[0], *mults)]
         temporal_up = cfg.temporal_downsample[::-1]
         n = len(cfg.dim_mult)

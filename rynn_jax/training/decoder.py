@@ -81,6 +81,9 @@ class DecoderTrainConfig:
     # resolution (WanVAEConfig.decoder_base_dim) from a random init (seed), behind the same frozen
     # encoder: more decoder capacity without changing the latents the teacher and student read.
     vae_decoder_width: int = 0
+    # with vae_decoder_width: the new decoder's width multipliers per level (WanVAEConfig.decoder_dim_mult;
+    # empty: the autoencoder's dim_mult), e.g. (1, 1, 1) for a full-resolution stage as wide as the rest
+    vae_decoder_dim_mult: tuple[int, ...] = ()
     # Pixel MSE is what PSNR measures, the number the decoder is judged by, so it is the loss; an L1
     # term (sharper edges, less PSNR) is there to try, off by default.
     mse_weight: float = 1.0
@@ -108,13 +111,17 @@ class DecoderTrainConfig:
         if self.vae_decoder_width < 0 or (self.vae_decoder_width and self.decoder != "vae"):
             raise ValueError(f"vae_decoder_width must be ≥ 0 and only set with decoder='vae', got "
                              f"{self.vae_decoder_width} with decoder={self.decoder!r}")
+        if self.vae_decoder_dim_mult and not self.vae_decoder_width:
+            raise ValueError("vae_decoder_dim_mult shapes a new decoder: set vae_decoder_width too")
 
 
 def decoder_vae_config(cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig) -> vae_lib.WanVAEConfig:
-    """The autoencoder being trained: the exported one's config, with vae_decoder_width if set."""
+    """The autoencoder being trained: the exported one's config, with vae_decoder_width (and
+    vae_decoder_dim_mult) if set."""
     if not cfg.vae_decoder_width:
         return vae_cfg
-    return dataclasses.replace(vae_cfg, decoder_base_dim=cfg.vae_decoder_width)
+    return dataclasses.replace(vae_cfg, decoder_base_dim=cfg.vae_decoder_width,
+                               decoder_dim_mult=tuple(cfg.vae_decoder_dim_mult))
 
 
 def check_fit(cfg: DecoderTrainConfig, vae_cfg: vae_lib.WanVAEConfig) -> None:

@@ -102,11 +102,12 @@ autoencoder_stage() {  # configs/synthetic_ae.py[:AE_VARIANT] → its export_dir
   finished "$(basename "$out")"
 }
 has autoencoder && [ "${AE_VARIANT:-}" != wide ] && autoencoder_stage
-if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae vae_wide" (each ≤ DECODER_SECONDS)
+if has decoder; then  # decoders of the committed latent space, encoder frozen: DECODERS="tae vae vae_wide vae_flat" (each ≤ DECODER_SECONDS)
   await_episodes
   use autoencoder
   for v in ${DECODERS:-tae}; do
     case $v in vae) out=weights/synthetic/autoencoder_decoder_tuned ;; vae_wide) out=weights/synthetic/autoencoder_wide ;;
+      vae_flat) out=weights/synthetic/autoencoder_flat ;;
       *) out=weights/synthetic/tiny_decoder ;; esac
     # the trainer exports (and scores) straight into $out; exported again only when it was killed first
     stop_after "${DECODER_SECONDS:-600}" python3 "$REPO/train.py" --config "$REPO/configs/synthetic_decoder.py:$v" \
