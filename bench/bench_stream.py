@@ -220,7 +220,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="tiny DiT + VAE (CPU smoke check)")
     p.add_argument("--synthetic", action="store_true",
                    help="the synthetic world's student as bundled (configs/synthetic.py: teacher_model() and the "
-                        "32-channel WanVAEConfig.synthetic autoencoder at the bundled one's widths), random weights, default 128×224")
+                        "bundled autoencoder's architecture, else the 32-channel WanVAEConfig.synthetic), random weights, default 128×224")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="compute dtype (default: float32 for --tiny, bfloat16 otherwise, as bundled/released)")
     p.add_argument("--height", type=int, default=None, help="default 480 (128 with --synthetic)")
@@ -331,9 +331,9 @@ def main() -> None:
         from rynn_jax.serving import student as student_lib
 
         vae_cfg = WanVAEConfig.synthetic(z_dim=synthetic.LATENT_CHANNELS, dtype=dtype)
-        if (found := student_lib.find_bundled()) is not None:  # the bundled autoencoder's widths (its decoder may be wider)
+        if (found := student_lib.find_bundled()) is not None:  # the bundled autoencoder's architecture (widths included)
             saved = converted_weights.load_config(found.autoencoder, WanVAEConfig)
-            vae_cfg = dataclasses.replace(vae_cfg, base_dim=saved.base_dim, decoder_base_dim=saved.decoder_base_dim)
+            vae_cfg = dataclasses.replace(saved, dtype=dtype, param_dtype=vae_cfg.param_dtype)
         dit_cfg = synthetic.teacher_model(dtype=dtype, token_multiple=a.token_multiple)
     elif a.tiny:
         vae_cfg = WanVAEConfig.tiny()

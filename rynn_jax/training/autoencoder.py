@@ -232,16 +232,22 @@ def init_state(cfg: AutoencoderTrainConfig, tx: optax.GradientTransformation) ->
                                 rng=jax.random.PRNGKey(cfg.seed))
 
 
+def architecture(cfg: WanVAEConfig) -> dict:
+    """What an exported autoencoder must share with a recipe's model to continue from it: every
+    field but the dtypes and the latent statistics (which training measures again)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("dtype", "param_dtype", "latents_mean", "latents_std")}
+
+
 def _exported_params(path: str, model_cfg: WanVAEConfig, like: nnx.State) -> nnx.State:
     """float32 parameters of an exported autoencoder directory, checked against the recipe's model."""
     from rynn_jax.models.vae_weights import load_vae
 
     errors.existing(path, "ckpt.init_from", kind="directory")
     loaded = load_vae(path)
-    arch = lambda c: {k: v for k, v in dataclasses.asdict(c).items()  # noqa: E731
-                      if k not in ("dtype", "param_dtype", "latents_mean", "latents_std")}
-    if arch(loaded.cfg) != arch(model_cfg):
-        diff = sorted(k for k in arch(model_cfg) if arch(model_cfg)[k] != arch(loaded.cfg).get(k))
+    want, got = architecture(model_cfg), architecture(loaded.cfg)
+    if got != want:
+        diff = sorted(k for k in want if want[k] != got.get(k))
         raise errors.UsageError(f"ckpt.init_from {path}: a different autoencoder ({', '.join(diff)} differ from the recipe)")
     params = nnx.split(loaded, nnx.Param)[1]
     return jax.tree.map(lambda p, q: jnp.asarray(p, jnp.float32).reshape(q.shape), params, like)
