@@ -10,12 +10,13 @@ synthetic.AUTOENCODER), trained with its encoder frozen, so the teacher and the 
 
 `:tae` trains TAEConfig.synthetic() (1.72M parameters; 84 ms per 3-latent block at 128×224 on 2
 CPU cores, vs 938 ms for the autoencoder's decoder) from scratch on 17-frame clips of the training
-episodes' head-camera video; `:vae` fine-tunes the exported decoder (4.8M-parameter autoencoder,
+episodes' head-camera video; `:vae` fine-tunes the exported decoder (the committed autoencoder's
 decoder half) on the same clips and exports a whole autoencoder directory with the encoder and the
-latent statistics unchanged; `:vae_wide` trains a decoder 64 wide at full resolution (the
-autoencoder's is 48: ≈ 1.8× the decoder's parameters) from scratch behind the same frozen encoder —
-whether decoder capacity is what holds the held-out RGB PSNR near 30 dB (the encoder + decoder
-continuation gained only ≈ 0.3 dB per 4,000 steps at the end of its schedule). All score the
+latent statistics unchanged; `:vae_wide` trains a decoder 64 wide at full resolution (revision 5's
+was 48: ≈ 1.8× its decoder parameters) from scratch behind the same frozen encoder — whether decoder
+capacity is what held the held-out RGB PSNR near 30 dB (the encoder + decoder continuation gained
+only ≈ 0.3 dB per 4,000 steps at the end of its schedule); it became revision 6's decoder, after a
+fine-tune on depth and flow (configs/synthetic_ae4d.py:wide). All score the
 held-out episodes after training (`heldout.json`: `psnr` = this decoder, `psnr_autoencoder` = the
 autoencoder's own, on the same latents). `:vae_flat` moves capacity to where the error is (spatial
 detail): 128 channels at every level (`decoder_dim_mult` (1, 1, 1)) instead of 128 at the two low
