@@ -269,6 +269,44 @@ def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
     assert "\n" not in str(e.value)
 
 
+def test_regions_split_the_round_trip_error_by_segmentation(exported, tmp_path, capsys, fast_compile):
+    """`--regions N`: the RGB round trip's squared error per segmentation region (background, robot =
+    labels 1–2, objects = the rest) and the worst pixels' share, recomputed in float64 NumPy from the
+    loaded codec; the regions' error shares add up to 1; bad input is one line."""
+    cfg, _, vae = exported
+    src = ae.episode_dirs(cfg.data.heldout_dirs, "dirs")[0]
+    ep = tmp_path / "heldout" / "task" / "episode_000000"
+    shutil.copytree(src, ep)
+    labels = np.zeros((16, 32, 48), np.uint8)
+    labels[:, 8:20, 4:20], labels[:, 16:30, 30:44], labels[:, 2:6, 40:46] = 1, 4, 2  # robot, an object, robot
+    np.savez(ep / "segmentation.npz", labels=labels, names=np.array(["background", "l", "r", "x", "obj"]))
+    data = dataclasses.replace(cfg.data, heldout_dirs=(str(ep),))
+    r = autoencoders.region_errors(cfg.export_dir, data, 9)
+    frames = video_lib.read_frames(str(ep / "observation.images.head.mp4"), range(9), 48, 32)
+    y = np.asarray(ae.Codec(*nnx.split(vae, nnx.Param)).reconstruct(ae.to_unit(jnp.asarray(frames[None]))), np.float64)
+    e = (((y[0] + 1) * 127.5 - frames.astype(np.float64)) ** 2).sum(-1)  # 8-bit units
+    lab = labels[:9]
+    for region, m in (("background", lab == 0), ("robot", (lab == 1) | (lab == 2)), ("objects", lab == 4)):
+        assert abs(r[region]["pixels"] - m.mean()) < 1e-9
+        assert abs(r[region]["error"] - e[m].sum() / e.sum()) < 1e-4, (region, r[region])
+        assert abs(r[region]["psnr"] - 10 * np.log10(255.0 ** 2 / (e[m].mean() / 3))) < 1e-3
+    assert abs(sum(r[k]["error"] for k in autoencoders.REGIONS) - 1) < 1e-9
+    assert abs(r["psnr"] - 10 * np.log10(255.0 ** 2 / (e.mean() / 3))) < 1e-3 and r["episodes"] == 1
+    worst = np.sort(e.ravel())[::-1]
+    assert abs(r["worst_5pct"] - worst[:e.size // 20].sum() / e.sum()) < 1e-4 and r["worst_1pct"] < r["worst_5pct"]
+    autoencoders.main([cfg.export_dir, "--config", TINY, "--clips", "2", "--regions", "5", "--set",
+                       f"data.heldout_dirs=['{ep}']", "--set", "data.height=32", "--set", "data.width=48",
+                       "--set", "data.num_frames=5", "--set", "data.batch_size=2"])
+    assert "robot: pixels / error / PSNR" in capsys.readouterr().out
+    with pytest.raises(errors.UsageError, match=r"--regions 8: frames must be 1 \+ 4·k") as e_:
+        autoencoders.region_errors(cfg.export_dir, data, 8)
+    assert "\n" not in str(e_.value)
+    with pytest.raises(errors.InputError, match="16 frames < --regions 17"):
+        autoencoders.region_errors(cfg.export_dir, data, 17)
+    with pytest.raises(errors.UsageError, match="no held-out episode has a segmentation.npz"):
+        autoencoders.region_errors(cfg.export_dir, dataclasses.replace(cfg.data, heldout_dirs=(src,)), 9)
+
+
 def test_synthetic_preset_shapes():
     """The preset (no allocation): parameter count, 128×224×17 → 16×28×5 latents and back."""
     cfg = vae_lib.WanVAEConfig.synthetic()

@@ -10,19 +10,27 @@ videos, so a candidate decoder is judged on everything the committed one decodes
 table (each video's PSNR, then RGB frame 0, which the encoder sees alone, against the frames by
 their position inside a latent) and writes the scores as JSON (`psnr_frames_<video>`: each frame's
 PSNR averaged over that video's clips).
+
+`--regions N` also says where the RGB round trip's error lies: the first N frames of every held-out
+episode that has the sim's segmentation, its squared error split between the background, the robot
+and the task's objects (share of the pixels, share of the error, PSNR inside), and the share of the
+error held by the worst 1 % and 5 % of the pixels.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from rynn_jax import errors
+from rynn_jax.data.robot import SEG_FILE
 from rynn_jax.training import autoencoder as ae
 from rynn_jax.training import config as config_lib
 
@@ -43,6 +51,65 @@ def score(vae_dirs: Sequence[str], data: ae.AutoencoderDataConfig) -> dict[str, 
         codec = ae.Codec(*nnx.split(load_vae(d), nnx.Param))
         out[d] = ae.evaluate(codec, data, items, per_frame=True) | {"temporal_stride": codec.cfg.temporal_stride}
     return out
+
+
+REGIONS = ("background", "robot", "objects")  # segmentation labels 0, (1, 2) and the rest (docs/sim.md)
+
+
+def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int) -> dict:
+    """The RGB round trip's squared error by segmentation region over the first `num_frames` frames
+    of every held-out episode with a segmentation.npz: {region: {pixels, error, psnr}} (shares of the
+    pixels and of the summed squared error; PSNR inside the region), `worst_1pct` / `worst_5pct`
+    (error share of the worst pixels, per-pixel error summed over colour), `psnr` (all pixels) and
+    `episodes`."""
+    from rynn_jax.data import video as video_lib
+    from rynn_jax.eval.episodes import crop_like_frames
+    from rynn_jax.models.vae_weights import load_vae
+
+    if "rgb" not in data.videos:
+        raise errors.UsageError(f"--regions scores the 'rgb' video: data.videos has {sorted(data.videos)}")
+    dirs = [d for d in ae.episode_dirs(data.heldout_dirs, "data.heldout_dirs")
+            if os.path.isfile(os.path.join(d, SEG_FILE))]
+    if not dirs:
+        raise errors.UsageError(f"--regions: no held-out episode has a {SEG_FILE} (the sim writes one)")
+    codec = ae.Codec(*nnx.split(load_vae(vae_dir), nnx.Param))
+    s = codec.cfg.temporal_stride
+    if num_frames < 1 or (num_frames - 1) % s:
+        raise errors.UsageError(f"--regions {num_frames}: frames must be 1 + {s}·k (the autoencoder's temporal stride)")
+    sq, labels = [], []
+    for d in dirs:
+        path = os.path.join(d, data.videos["rgb"])
+        info = video_lib.probe_video(path)
+        if info.num_frames < num_frames:
+            raise errors.InputError(f"{path}: {info.num_frames} frames < --regions {num_frames}")
+        frames = video_lib.read_frames(path, range(num_frames), data.width, data.height)
+        x = ae.to_unit(jnp.asarray(frames[None]))
+        y = codec.reconstruct(x)
+        sq.append(np.asarray(jnp.sum(jnp.square(y - x), axis=-1))[0] / 4.0)  # [0, 1] units, summed over colour
+        with np.load(os.path.join(d, SEG_FILE)) as z:
+            lab = z["labels"][:num_frames]
+        labels.append(crop_like_frames(lab, lab.shape[1], lab.shape[2], data.height, data.width))
+    e, lab = np.concatenate(sq).ravel().astype(np.float64), np.concatenate(labels).ravel()
+    which = {"background": lab == 0, "robot": np.isin(lab, (1, 2)), "objects": lab > 2}
+    to_psnr = lambda per_pixel: float(10 * np.log10(3.0 / per_pixel))  # mean over colour = sum / 3
+    out = {r: {"pixels": float(m.mean()), "error": float(e[m].sum() / e.sum()),
+               "psnr": to_psnr(e[m].mean()) if m.any() else float("nan")} for r, m in which.items()}
+    worst = np.sort(e)[::-1]
+    return out | {"worst_1pct": float(worst[:len(e) // 100].sum() / e.sum()),
+                  "worst_5pct": float(worst[:len(e) // 20].sum() / e.sum()),
+                  "psnr": to_psnr(e.mean()), "episodes": len(dirs)}
+
+
+def region_table(regions: dict[str, dict]) -> str:
+    """Markdown: per autoencoder and region, its share of the pixels and of the error, PSNR inside."""
+    head = ["autoencoder", "PSNR", *[f"{r}: pixels / error / PSNR" for r in REGIONS], "worst 1 % / 5 % of pixels"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d, r in regions.items():
+        cells = [d, f"{r['psnr']:.2f}",
+                 *[f"{100 * r[k]['pixels']:.1f} % / {100 * r[k]['error']:.1f} % / {r[k]['psnr']:.2f}" for k in REGIONS],
+                 f"{100 * r['worst_1pct']:.0f} % / {100 * r['worst_5pct']:.0f} %"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def table(scores: dict[str, dict], names: Sequence[str]) -> str:
@@ -67,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
                    help="recipe whose data section names the held-out episodes, videos and clip size")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--clips", type=int, default=0, help="clips (default: the recipe's data.eval_clips)")
+    p.add_argument("--regions", type=int, default=0, metavar="N",
+                   help="also split the RGB round trip's error by segmentation region over each held-out "
+                        "episode's first N frames (1 + 4k)")
     p.add_argument("--out", default="", help="also write the scores as JSON here")
     a = p.parse_args(argv)
     from rynn_jax.training.decoder import DecoderTrainConfig
@@ -74,8 +144,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     cfg = config_lib.apply_overrides(
         config_lib.load_config(a.config, (ae.AutoencoderTrainConfig, DecoderTrainConfig)), a.set)
     data = dataclasses.replace(cfg.data, eval_clips=a.clips) if a.clips else cfg.data
+    if a.regions < 0:
+        raise errors.UsageError(f"--regions must be ≥ 1 frames (0: off), got {a.regions}")
     scores = score(a.vae, data)
     print(table(scores, list(data.videos)))
+    if a.regions:
+        for d in a.vae:
+            scores[d]["regions"] = region_errors(d, data, a.regions)
+        print(region_table({d: scores[d]["regions"] for d in a.vae}))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(scores, f, indent=1)
