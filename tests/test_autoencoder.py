@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from PIL import Image
 
 from rynn_jax import errors
 from rynn_jax.data import video as video_lib
@@ -292,12 +293,19 @@ def test_regions_split_the_round_trip_error_by_segmentation(exported, tmp_path, 
         assert abs(r[region]["psnr"] - 10 * np.log10(255.0 ** 2 / (e[m].mean() / 3))) < 1e-3
     assert abs(sum(r[k]["error"] for k in autoencoders.REGIONS) - 1) < 1e-9
     assert abs(r["psnr"] - 10 * np.log10(255.0 ** 2 / (e.mean() / 3))) < 1e-3 and r["episodes"] == 1
+    assert abs(r["by_task"]["task"]["psnr"] - r["psnr"]) < 1e-9 and r["by_task"]["task"]["robot"] == r["robot"]["psnr"]
     worst = np.sort(e.ravel())[::-1]
     assert abs(r["worst_5pct"] - worst[:e.size // 20].sum() / e.sum()) < 1e-4 and r["worst_1pct"] < r["worst_5pct"]
     autoencoders.main([cfg.export_dir, "--config", TINY, "--clips", "2", "--regions", "5", "--set",
                        f"data.heldout_dirs=['{ep}']", "--set", "data.height=32", "--set", "data.width=48",
-                       "--set", "data.num_frames=5", "--set", "data.batch_size=2"])
+                       "--set", "data.num_frames=5", "--set", "data.batch_size=2", "--error-map", str(tmp_path / "e.png")])
     assert "robot: pixels / error / PSNR" in capsys.readouterr().out
+    img = np.asarray(Image.open(tmp_path / "e.png"))  # one task: truth | reconstruction | error of frame 4
+    assert img.shape == (32, 3 * 48, 3)
+    np.testing.assert_array_equal(img[:, :48], frames[4])
+    assert np.abs(img[:, 48:96].astype(int) - np.clip(np.round((y[0, 4] + 1) * 127.5), 0, 255)).max() <= 1
+    err4 = np.clip(e[4] / 255.0 ** 2 / autoencoders.ERROR_MAP_FULL, 0, 1) * 255
+    assert np.abs(img[:, 96:, 0].astype(float) - err4).max() <= 1.01
     with pytest.raises(errors.UsageError, match=r"--regions 8: frames must be 1 \+ 4·k") as e_:
         autoencoders.region_errors(cfg.export_dir, data, 8)
     assert "\n" not in str(e_.value)

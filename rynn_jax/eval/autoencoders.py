@@ -56,12 +56,15 @@ def score(vae_dirs: Sequence[str], data: ae.AutoencoderDataConfig) -> dict[str, 
 REGIONS = ("background", "robot", "objects")  # segmentation labels 0, (1, 2) and the rest (docs/sim.md)
 
 
-def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int) -> dict:
+def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
+                  keep: dict[str, list[np.ndarray]] | None = None) -> dict:
     """The RGB round trip's squared error by segmentation region over the first `num_frames` frames
     of every held-out episode with a segmentation.npz: {region: {pixels, error, psnr}} (shares of the
     pixels and of the summed squared error; PSNR inside the region), `worst_1pct` / `worst_5pct`
-    (error share of the worst pixels, per-pixel error summed over colour), `psnr` (all pixels) and
-    `episodes`."""
+    (error share of the worst pixels, per-pixel error summed over colour), `psnr` (all pixels),
+    `episodes` and `by_task` ({task: PSNR over all pixels and inside each region}; the task is the
+    episode's parent folder). `keep`: for the first episode of each task, its last frame's reconstruction (uint8)
+    and squared error (summed over colour) are appended to keep[task] (the truth first, if new)."""
     from rynn_jax.data import video as video_lib
     from rynn_jax.eval.episodes import crop_like_frames
     from rynn_jax.models.vae_weights import load_vae
@@ -76,7 +79,7 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int)
     s = codec.cfg.temporal_stride
     if num_frames < 1 or (num_frames - 1) % s:
         raise errors.UsageError(f"--regions {num_frames}: frames must be 1 + {s}·k (the autoencoder's temporal stride)")
-    sq, labels = [], []
+    sq, labels, seen = [], [], set()
     for d in dirs:
         path = os.path.join(d, data.videos["rgb"])
         info = video_lib.probe_video(path)
@@ -86,18 +89,27 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int)
         x = ae.to_unit(jnp.asarray(frames[None]))
         y = codec.reconstruct(x)
         sq.append(np.asarray(jnp.sum(jnp.square(y - x), axis=-1))[0] / 4.0)  # [0, 1] units, summed over colour
+        task = os.path.basename(os.path.dirname(os.path.normpath(d)))
+        if keep is not None and task not in seen:  # the task's first episode only
+            seen.add(task)
+            recon = np.asarray(jnp.clip(jnp.round((y[0, -1] + 1) * 127.5), 0, 255), np.uint8)
+            keep.setdefault(task, [frames[-1]]).extend([recon, sq[-1][-1]])
         with np.load(os.path.join(d, SEG_FILE)) as z:
             lab = z["labels"][:num_frames]
         labels.append(crop_like_frames(lab, lab.shape[1], lab.shape[2], data.height, data.width))
+    tasks = np.repeat([os.path.basename(os.path.dirname(os.path.normpath(d))) for d in dirs], sq[0].size)
     e, lab = np.concatenate(sq).ravel().astype(np.float64), np.concatenate(labels).ravel()
     which = {"background": lab == 0, "robot": np.isin(lab, (1, 2)), "objects": lab > 2}
     to_psnr = lambda per_pixel: float(10 * np.log10(3.0 / per_pixel))  # mean over colour = sum / 3
     out = {r: {"pixels": float(m.mean()), "error": float(e[m].sum() / e.sum()),
                "psnr": to_psnr(e[m].mean()) if m.any() else float("nan")} for r, m in which.items()}
+    by_task = {t: {"psnr": to_psnr(e[tasks == t].mean())}
+               | {r: to_psnr(e[(tasks == t) & m].mean()) if ((tasks == t) & m).any() else float("nan")
+                  for r, m in which.items()} for t in dict.fromkeys(tasks)}
     worst = np.sort(e)[::-1]
     return out | {"worst_1pct": float(worst[:len(e) // 100].sum() / e.sum()),
                   "worst_5pct": float(worst[:len(e) // 20].sum() / e.sum()),
-                  "psnr": to_psnr(e.mean()), "episodes": len(dirs)}
+                  "psnr": to_psnr(e.mean()), "episodes": len(dirs), "by_task": by_task}
 
 
 def region_table(regions: dict[str, dict]) -> str:
@@ -110,6 +122,22 @@ def region_table(regions: dict[str, dict]) -> str:
                  f"{100 * r['worst_1pct']:.0f} % / {100 * r['worst_5pct']:.0f} %"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+ERROR_MAP_FULL = 0.02  # squared error (unit range, summed over colour) drawn white: ≈ 0.08 per channel, 22 dB
+
+
+def error_map_image(keep: dict[str, list[np.ndarray]]) -> np.ndarray:
+    """(rows × H, cols × W, 3) uint8: per task, its truth, then each autoencoder's reconstruction and
+    squared-error map (white = ERROR_MAP_FULL or more)."""
+    rows = []
+    for parts in keep.values():
+        cells = [parts[0]]
+        for recon, err in zip(parts[1::2], parts[2::2]):
+            grey = (np.clip(err / ERROR_MAP_FULL, 0, 1) * 255).astype(np.uint8)
+            cells += [recon, np.repeat(grey[..., None], 3, axis=-1)]
+        rows.append(np.concatenate(cells, axis=1))
+    return np.concatenate(rows, axis=0)
 
 
 def table(scores: dict[str, dict], names: Sequence[str]) -> str:
@@ -137,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     p.add_argument("--regions", type=int, default=0, metavar="N",
                    help="also split the RGB round trip's error by segmentation region over each held-out "
                         "episode's first N frames (1 + 4k)")
+    p.add_argument("--error-map", default="", metavar="PNG",
+                   help="with --regions: per task, the last frame's truth, then each autoencoder's reconstruction "
+                        "and its squared error (white ≥ 0.02, unit range, colours summed)")
     p.add_argument("--out", default="", help="also write the scores as JSON here")
     a = p.parse_args(argv)
     from rynn_jax.training.decoder import DecoderTrainConfig
@@ -146,12 +177,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     data = dataclasses.replace(cfg.data, eval_clips=a.clips) if a.clips else cfg.data
     if a.regions < 0:
         raise errors.UsageError(f"--regions must be ≥ 1 frames (0: off), got {a.regions}")
+    if a.error_map and not a.regions:
+        raise errors.UsageError("--error-map draws the --regions frames: give --regions N too")
     scores = score(a.vae, data)
     print(table(scores, list(data.videos)))
     if a.regions:
+        keep: dict[str, list[np.ndarray]] = {}
         for d in a.vae:
-            scores[d]["regions"] = region_errors(d, data, a.regions)
+            scores[d]["regions"] = region_errors(d, data, a.regions, keep)
         print(region_table({d: scores[d]["regions"] for d in a.vae}))
+        if a.error_map:
+            from PIL import Image
+
+            Image.fromarray(error_map_image(keep)).save(a.error_map)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(scores, f, indent=1)
