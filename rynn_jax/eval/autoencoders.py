@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
         if a.error_map:
             from PIL import Image
 
-            Image.fromarray(error_map_image(keep)).save(a.error_map)
+            Image.fromarray(error_map_image(keep)).save(a.error_map, quality=90)  # format by extension; quality: JPEG's
     if a.out:
         with open(a.out, "w") as f:
             json.dump(scores, f, indent=1)
