@@ -14,7 +14,8 @@ PSNR averaged over that video's clips).
 `--regions N` also says where the RGB round trip's error lies: the first N frames of every held-out
 episode that has the sim's segmentation, its squared error split between the background, the robot
 and the task's objects (share of the pixels, share of the error, PSNR inside), and the share of the
-error held by the worst 1 % and 5 % of the pixels.
+error held by the worst 1 % and 5 % of the pixels; `--error-map IMAGE` draws, per task, the last of
+those frames, each autoencoder's reconstruction and its squared error.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
     pixels and of the summed squared error; PSNR inside the region), `worst_1pct` / `worst_5pct`
     (error share of the worst pixels, per-pixel error summed over colour), `psnr` (all pixels),
     `episodes` and `by_task` ({task: PSNR over all pixels and inside each region}; the task is the
-    episode's parent folder). `keep`: for the first episode of each task, its last frame's reconstruction (uint8)
-    and squared error (summed over colour) are appended to keep[task] (the truth first, if new)."""
+    episode's parent folder). `keep`: for the first episode of each task, its last frame's
+    reconstruction (uint8) and squared error (summed over colour) are appended to keep[task] (the
+    truth first, if new)."""
     from rynn_jax.data import video as video_lib
     from rynn_jax.eval.episodes import crop_like_frames
     from rynn_jax.models.vae_weights import load_vae
@@ -79,8 +81,9 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
     s = codec.cfg.temporal_stride
     if num_frames < 1 or (num_frames - 1) % s:
         raise errors.UsageError(f"--regions {num_frames}: frames must be 1 + {s}·k (the autoencoder's temporal stride)")
-    sq, labels, seen = [], [], set()
-    for d in dirs:
+    tasks = [os.path.basename(os.path.dirname(os.path.normpath(d))) for d in dirs]
+    sq, labels = [], []
+    for i, (d, task) in enumerate(zip(dirs, tasks)):
         path = os.path.join(d, data.videos["rgb"])
         info = video_lib.probe_video(path)
         if info.num_frames < num_frames:
@@ -89,22 +92,20 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
         x = ae.to_unit(jnp.asarray(frames[None]))
         y = codec.reconstruct(x)
         sq.append(np.asarray(jnp.sum(jnp.square(y - x), axis=-1))[0] / 4.0)  # [0, 1] units, summed over colour
-        task = os.path.basename(os.path.dirname(os.path.normpath(d)))
-        if keep is not None and task not in seen:  # the task's first episode only
-            seen.add(task)
+        if keep is not None and task not in tasks[:i]:  # the task's first episode only
             recon = np.asarray(jnp.clip(jnp.round((y[0, -1] + 1) * 127.5), 0, 255), np.uint8)
             keep.setdefault(task, [frames[-1]]).extend([recon, sq[-1][-1]])
         with np.load(os.path.join(d, SEG_FILE)) as z:
             lab = z["labels"][:num_frames]
         labels.append(crop_like_frames(lab, lab.shape[1], lab.shape[2], data.height, data.width))
-    tasks = np.repeat([os.path.basename(os.path.dirname(os.path.normpath(d))) for d in dirs], sq[0].size)
     e, lab = np.concatenate(sq).ravel().astype(np.float64), np.concatenate(labels).ravel()
     which = {"background": lab == 0, "robot": np.isin(lab, (1, 2)), "objects": lab > 2}
     to_psnr = lambda per_pixel: float(10 * np.log10(3.0 / per_pixel))  # mean over colour = sum / 3
     out = {r: {"pixels": float(m.mean()), "error": float(e[m].sum() / e.sum()),
                "psnr": to_psnr(e[m].mean()) if m.any() else float("nan")} for r, m in which.items()}
-    by_task = {t: {"psnr": to_psnr(e[tasks == t].mean())}
-               | {r: to_psnr(e[(tasks == t) & m].mean()) if ((tasks == t) & m).any() else float("nan")
+    task_px = np.repeat(tasks, sq[0].size)  # every pixel's task
+    by_task = {t: {"psnr": to_psnr(e[task_px == t].mean())}
+               | {r: to_psnr(e[(task_px == t) & m].mean()) if ((task_px == t) & m).any() else float("nan")
                   for r, m in which.items()} for t in dict.fromkeys(tasks)}
     worst = np.sort(e)[::-1]
     return out | {"worst_1pct": float(worst[:len(e) // 100].sum() / e.sum()),
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     p.add_argument("--regions", type=int, default=0, metavar="N",
                    help="also split the RGB round trip's error by segmentation region over each held-out "
                         "episode's first N frames (1 + 4k)")
-    p.add_argument("--error-map", default="", metavar="PNG",
+    p.add_argument("--error-map", default="", metavar="IMAGE",
                    help="with --regions: per task, the last frame's truth, then each autoencoder's reconstruction "
                         "and its squared error (white ≥ 0.02, unit range, colours summed)")
     p.add_argument("--out", default="", help="also write the scores as JSON here")
