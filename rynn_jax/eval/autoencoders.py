@@ -57,16 +57,18 @@ def score(vae_dirs: Sequence[str], data: ae.AutoencoderDataConfig) -> dict[str, 
 REGIONS = ("background", "robot", "objects")  # segmentation labels 0, (1, 2) and the rest (docs/sim.md)
 
 
+Example = tuple[np.ndarray, np.ndarray, np.ndarray]  # a frame's truth, reconstruction (uint8), squared error
+
+
 def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
-                  keep: dict[str, list[np.ndarray]] | None = None) -> dict:
+                  examples: dict[str, Example] | None = None) -> dict:
     """The RGB round trip's squared error by segmentation region over the first `num_frames` frames
     of every held-out episode with a segmentation.npz: {region: {pixels, error, psnr}} (shares of the
     pixels and of the summed squared error; PSNR inside the region), `worst_1pct` / `worst_5pct`
-    (error share of the worst pixels, per-pixel error summed over colour), `psnr` (all pixels),
+    (error share of the worst pixels, per-pixel error averaged over colour), `psnr` (all pixels),
     `episodes` and `by_task` ({task: PSNR over all pixels and inside each region}; the task is the
-    episode's parent folder). `keep`: for the first episode of each task, its last frame's
-    reconstruction (uint8) and squared error (summed over colour) are appended to keep[task] (the
-    truth first, if new)."""
+    episode's parent folder). `examples`: filled with {task: the last frame of its first episode}
+    (squared error averaged over colour, as PSNR counts it)."""
     from rynn_jax.data import video as video_lib
     from rynn_jax.eval.episodes import crop_like_frames
     from rynn_jax.models.vae_weights import load_vae
@@ -83,7 +85,7 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
         raise errors.UsageError(f"--regions {num_frames}: frames must be 1 + {s}·k (the autoencoder's temporal stride)")
     tasks = [os.path.basename(os.path.dirname(os.path.normpath(d))) for d in dirs]
     sq, labels = [], []
-    for i, (d, task) in enumerate(zip(dirs, tasks)):
+    for d, task in zip(dirs, tasks):
         path = os.path.join(d, data.videos["rgb"])
         info = video_lib.probe_video(path)
         if info.num_frames < num_frames:
@@ -91,16 +93,16 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
         frames = video_lib.read_frames(path, range(num_frames), data.width, data.height)
         x = ae.to_unit(jnp.asarray(frames[None]))
         y = codec.reconstruct(x)
-        sq.append(np.asarray(jnp.sum(jnp.square(y - x), axis=-1))[0] / 4.0)  # [0, 1] units, summed over colour
-        if keep is not None and task not in tasks[:i]:  # the task's first episode only
+        sq.append(np.asarray(jnp.mean(jnp.square(y - x), axis=-1))[0])  # (T, H, W), on [-1, 1] like ae.psnr
+        if examples is not None and task not in examples:  # the task's first episode
             recon = np.asarray(jnp.clip(jnp.round((y[0, -1] + 1) * 127.5), 0, 255), np.uint8)
-            keep.setdefault(task, [frames[-1]]).extend([recon, sq[-1][-1]])
+            examples[task] = frames[-1], recon, sq[-1][-1]
         with np.load(os.path.join(d, SEG_FILE)) as z:
             lab = z["labels"][:num_frames]
         labels.append(crop_like_frames(lab, lab.shape[1], lab.shape[2], data.height, data.width))
     e, lab = np.concatenate(sq).ravel().astype(np.float64), np.concatenate(labels).ravel()
     which = {"background": lab == 0, "robot": np.isin(lab, (1, 2)), "objects": lab > 2}
-    to_psnr = lambda per_pixel: float(10 * np.log10(3.0 / per_pixel))  # mean over colour = sum / 3
+    to_psnr = lambda mse: float(ae.psnr(mse))  # noqa: E731
     out = {r: {"pixels": float(m.mean()), "error": float(e[m].sum() / e.sum()),
                "psnr": to_psnr(e[m].mean()) if m.any() else float("nan")} for r, m in which.items()}
     task_px = np.repeat(tasks, sq[0].size)  # every pixel's task
@@ -128,14 +130,16 @@ def region_table(regions: dict[str, dict]) -> str:
 ERROR_MAP_FULL = 0.02  # squared error (unit range, summed over colour) drawn white: ≈ 0.08 per channel, 22 dB
 
 
-def error_map_image(keep: dict[str, list[np.ndarray]]) -> np.ndarray:
-    """(rows × H, cols × W, 3) uint8: per task, its truth, then each autoencoder's reconstruction and
-    squared-error map (white = ERROR_MAP_FULL or more)."""
+def error_map_image(examples: dict[str, dict[str, Example]]) -> np.ndarray:
+    """(rows × H, cols × W, 3) uint8 from {autoencoder: region_errors' examples}: per task, its truth,
+    then each autoencoder's reconstruction and squared-error map (white = ERROR_MAP_FULL or more)."""
     rows = []
-    for parts in keep.values():
-        cells = [parts[0]]
-        for recon, err in zip(parts[1::2], parts[2::2]):
-            grey = (np.clip(err / ERROR_MAP_FULL, 0, 1) * 255).astype(np.uint8)
+    for task, (truth, _, _) in next(iter(examples.values())).items():
+        cells = [truth]
+        for per_task in examples.values():
+            _, recon, err = per_task[task]
+            summed_unit = err * 3 / 4  # colour mean on [-1, 1] → colour sum on [0, 1]
+            grey = (np.clip(summed_unit / ERROR_MAP_FULL, 0, 1) * 255).astype(np.uint8)
             cells += [recon, np.repeat(grey[..., None], 3, axis=-1)]
         rows.append(np.concatenate(cells, axis=1))
     return np.concatenate(rows, axis=0)
@@ -183,14 +187,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     scores = score(a.vae, data)
     print(table(scores, list(data.videos)))
     if a.regions:
-        keep: dict[str, list[np.ndarray]] = {}
+        examples: dict[str, dict[str, Example]] = {d: {} for d in a.vae}
         for d in a.vae:
-            scores[d]["regions"] = region_errors(d, data, a.regions, keep)
+            scores[d]["regions"] = region_errors(d, data, a.regions, examples[d])
         print(region_table({d: scores[d]["regions"] for d in a.vae}))
         if a.error_map:
             from PIL import Image
 
-            Image.fromarray(error_map_image(keep)).save(a.error_map, quality=90)  # format by extension; quality: JPEG's
+            Image.fromarray(error_map_image(examples)).save(a.error_map, quality=90)  # format by extension; quality: JPEG's
     if a.out:
         with open(a.out, "w") as f:
             json.dump(scores, f, indent=1)
