@@ -105,10 +105,14 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
     to_psnr = lambda mse: float(ae.psnr(mse))  # noqa: E731
     out = {r: {"pixels": float(m.mean()), "error": float(e[m].sum() / e.sum()),
                "psnr": to_psnr(e[m].mean()) if m.any() else float("nan")} for r, m in which.items()}
-    task_px = np.repeat(tasks, sq[0].size)  # every pixel's task
-    by_task = {t: {"psnr": to_psnr(e[task_px == t].mean())}
-               | {r: to_psnr(e[(task_px == t) & m].mean()) if ((task_px == t) & m).any() else float("nan")
-                  for r, m in which.items()} for t in dict.fromkeys(tasks)}
+    names = list(dict.fromkeys(tasks))  # first-seen order
+    task_px = np.repeat(np.array([names.index(t) for t in tasks], np.int16), sq[0].size)  # every pixel's task
+    by_task = {}
+    for i, t in enumerate(names):
+        in_task = task_px == i
+        inside = {r: in_task & m for r, m in which.items()}
+        by_task[t] = {"psnr": to_psnr(e[in_task].mean())} | {
+            r: to_psnr(e[m].mean()) if m.any() else float("nan") for r, m in inside.items()}
     worst = np.sort(e)[::-1]
     return out | {"worst_1pct": float(worst[:len(e) // 100].sum() / e.sum()),
                   "worst_5pct": float(worst[:len(e) // 20].sum() / e.sum()),
