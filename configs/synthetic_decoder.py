@@ -22,7 +22,8 @@ autoencoder's own, on the same latents). `:vae_flat` moves capacity to where the
 detail): 128 channels at every level (`decoder_dim_mult` (1, 1, 1)) instead of 128 at the two low
 resolutions and 64 at the full one; 7.8M decoder parameters against `:vae_wide`'s 6.6M (the
 committed autoencoder's, revision 6), about 3× the full-resolution stage's FLOPs
-(≈ 1.9× the decoder's).
+(≈ 1.9× the decoder's). Its first run (6,000 steps, 14 steps/s on one H100) scored under revision 6
+on RGB, depth and flow (docs/autoencoder.md), so it is a recipe, not a revision.
 
 The first `:vae_wide` run (one H100, lr 1e-3, 12,000-step schedule stopped at 7,838 steps): PSNR on
 training batches 26.7, 29.4, 30.6, 30.9 dB at steps 500, 1,500, 4,200, 5,200 — above the
