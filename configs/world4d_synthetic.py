@@ -21,6 +21,10 @@ synthetic teacher's size, starting from its weights, on the pre-encoded RGB / de
 * `independent`: the "independent branches" ablation — no joint-attention modules, the same data
   and steps. Stage 1 has no joint attention in either variant, so both chains share it; the
   ablation's stage 2, having no joint attention to train, trains the branches at stage 1's rate.
+* `control`: our teleop extension, not the paper's model — the joint model plus the teacher's
+  skeleton-control branch (kept from the teacher with its statistics, shared by the three branches,
+  trained in stages 1 and 3), so the arms' path comes from the operator's skeleton as in the teacher
+  instead of being a guess from the task text. Its own chain of three stages (`_control` exports).
 """
 
 import dataclasses
@@ -36,17 +40,20 @@ _STAGES = {  # stage → (lr, joint_out lr, warm-up, λ_flow, branch dropout, tr
     2: (1e-3, 5e-4, 200, 1.0, 0.2, "joint", 1500),
     3: (2e-4, 4e-4, 500, 1.0, 0.05, "all", 3000),
 }
-VARIANTS = ("joint", "independent")
+VARIANTS = ("joint", "independent", "control")
 
 
-def model(**overrides) -> WanDiT4DConfig:
-    """The teacher's DiT without its control branch, three times, JA every 3rd block."""
-    base = synthetic.teacher_model(control="none", **overrides)
+def model(control: bool = False, **overrides) -> WanDiT4DConfig:
+    """The teacher's DiT, three times, JA every 3rd block; without its control branch unless
+    `control` (the `control` variant)."""
+    base = synthetic.teacher_model(**({} if control else {"control": "none"}), **overrides)
     return WanDiT4DConfig(base=base, joint_layers=()).every(3)
 
 
 def _suffix(n: int, variant: str) -> str:
-    return "" if variant == "joint" or n == 1 else f"_{variant}"  # stage 1: one run for both chains
+    if variant == "control":
+        return "_control"
+    return "" if variant == "joint" or n == 1 else f"_{variant}"  # stage 1: one run for joint and independent
 
 
 def export_dir(n: int, variant: str = "joint") -> str:
@@ -57,7 +64,7 @@ def stage(n: int, variant: str = "joint", m: WanDiT4DConfig | None = None) -> Tr
     if n not in _STAGES or variant not in VARIANTS:
         raise ValueError(f"stage must be 1, 2 or 3 and variant one of {VARIANTS}; got {n}, {variant!r}")
     lr, joint_out_lr, warmup, flow_weight, dropout, trained, steps = _STAGES[n]
-    m = m or model()
+    m = m or model(control=variant == "control")
     if n == 1 or variant == "independent":
         m, joint_out_lr = dataclasses.replace(m, joint_layers=()), 0.0
         lr, trained = (_STAGES[1][0], "all") if trained == "joint" else (lr, trained)
@@ -81,6 +88,6 @@ def stage(n: int, variant: str = "joint", m: WanDiT4DConfig | None = None) -> Tr
 
 
 def get_config(arg: str = "1") -> TrainConfig:
-    """"N" or "N,independent"."""
+    """"N", "N,independent" or "N,control"."""
     n, _, variant = arg.partition(",")
     return stage(int(n), variant or "joint")

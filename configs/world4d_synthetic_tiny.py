@@ -8,7 +8,7 @@ from configs import world4d_synthetic
 
 def get_config(arg: str = "1"):
     n, _, variant = arg.partition(",")
-    m = world4d_synthetic.model(dim=32, num_layers=2, num_heads=2, ffn_dim=64, freq_dim=32, dtype="float32")
+    m = world4d_synthetic.model(control=variant == "control", dim=32, num_layers=2, num_heads=2, ffn_dim=64, freq_dim=32, dtype="float32")
     cfg = world4d_synthetic.stage(int(n), variant or "joint", m)
     return dataclasses.replace(
         cfg, total_steps=4,

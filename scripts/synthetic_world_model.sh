@@ -140,7 +140,7 @@ stage_distill_export() { # EMA student, bf16, with its serving spec: what serve.
 WORLD4D=$REPO/configs/world4d_synthetic${SUFFIX}.py
 world4d_dir() { echo "${W4D[$(( $1 - 1 ))]}"; }
 stage_world4d() {   # RynnWorld-4D's stages (WORLD4D_STAGES, default "1 2 3") from the exported teacher, each
-                    # exported for the next (bf16); stage 1 (no joint attention) is shared by both variants:
+                    # exported for the next (bf16); stage 1 (no joint attention) is shared by joint and independent:
                     # skipped when its export exists (made earlier, or carried in from another lease)
   local v=${VARIANT:-joint} out n
   for n in ${WORLD4D_STAGES:-1 2 3}; do

@@ -127,6 +127,34 @@ def test_cloned_init_makes_depth_and_flow_compute_what_rgb_does(apply4d, apply_d
         dit4d_weights.clone_rgb(fresh, {k: v for k, v in dit.items() if k != "head"})
 
 
+def test_control_branch_is_shared_by_the_three_branches(apply_dit):
+    """Our teleop extension: with the JA output zeroed, each branch of a 4D model with a control
+    branch equals a controlled Wan DiT made of that branch (the shared control in every one); the
+    skeleton moves every modality; the policy's features run without it (null control)."""
+    base = dataclasses.replace(CFG.base, control="add", control_channels=CFG.base.in_channels)
+    cfg = dataclasses.replace(CFG, base=base)
+    params = _params(cfg, 6, joint_out=False)
+    z, t, ctx = _inputs(3)
+    c = jnp.asarray(np.random.default_rng(7).standard_normal(z[0].shape), jnp.float32)
+    run = jax.jit(lambda p, zs, c: dit4d_from_params(cfg, p)(*zs, t, ctx, c))
+    dit = jax.jit(lambda p, zm, c: build.model_from_params(WanDiT, base, p)(zm, t, ctx, c))
+    outs = run(params, z, c)
+    for m, zm, v in zip(("rgb", "depth", "flow"), z, outs):
+        np.testing.assert_allclose(v, dit(dit4d_weights.branch_as_dit(params, m), zm, c), rtol=1e-5, atol=1e-5,
+                                   err_msg=m)
+        plain = apply_dit({k: v for k, v in dit4d_weights.branch_as_dit(params, m).items() if k != "control"}, zm, t, ctx)
+        assert float(jnp.abs(v - plain).max()) > 1e-2, m  # the skeleton is read
+    assert "control" in params["base"] and "control" not in params["depth"] and "control" not in params["flow"]
+    model = dit4d_from_params(cfg, params)
+    with pytest.raises(ValueError, match="pass the control latent"):
+        model(*z, t, ctx)
+    np.testing.assert_allclose(model.features(z, t, ctx, 1), jnp.concatenate(
+        dit4d_from_params(CFG, {**params, "base": {k: v for k, v in params["base"].items() if k != "control"}})
+        .hidden(z, t, ctx, num_layers=2)[0], axis=-1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="concatenated control"):
+        dataclasses.replace(CFG, base=dataclasses.replace(CFG.base, control="concat"))
+
+
 def test_features_are_the_streams_after_the_named_block():
     params = _params(CFG, 6, joint_out=True)
     z, t, ctx = _inputs(3)

@@ -94,9 +94,50 @@ def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile
 
 
 def test_eval_world4d_bad_inputs(tmp_path):
-    with pytest.raises(errors.UsageError, match="no control to swap"):
+    with pytest.raises(errors.UsageError, match="no control branch"):
         _run(["--model", "world4d", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "a"),
               "--swap"])
     with pytest.raises(FileNotFoundError, match="1 of 1 episodes have no depth.npz"):  # copies without depth
         _run(["--model", "world4d", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "b"),
               "--frames", "5", "--steps", "1", "--no-fvd", "--max-episodes", "1"])
+
+
+def test_eval_world4d_control_variant_swaps_the_skeleton(sim_root, tmp_path, fast_compile):
+    """A 4D model with a control branch (the synthetic recipe's `control` variant, exported as a
+    training run exports it) reads each episode's skeleton: `--swap` runs it with the next
+    episode's, and that changes all three generated modalities."""
+    import jax
+    from flax import nnx
+
+    from rynn_jax import converted_weights
+    from rynn_jax.models.dit import WanDiTConfig
+    from rynn_jax.models.dit4d import WanDiT4DConfig, init_dit4d
+    from rynn_jax.models.vae import WanVAEConfig, init_vae
+    from rynn_jax.training.export_weights import write_dit_dir
+
+    root = tmp_path / "two"
+    shutil.copytree(sim_root / "lid_placement/episode_000000", root / "lid_placement/episode_000000")
+    second = root / "lid_placement/episode_000001"
+    shutil.copytree(sim_root / "lid_placement/episode_000000", second)
+    hands = dict(np.load(second / "hand_skeleton.npz"))  # the same scene, another operator: the hands' path reversed
+    np.savez(second / "hand_skeleton.npz", **{k: v[::-1] if k != "intrinsics" else v for k, v in hands.items()})
+    z = WanVAEConfig.tiny().z_dim
+    base = WanDiTConfig.tiny(num_layers=3, eps=1e-5, in_channels=z, out_channels=z, control="add", control_channels=z,
+                             control_gate_init=1.0)
+    model = init_dit4d(WanDiT4DConfig.tiny(base=base), 0)
+    _, params, stats = nnx.split(model, nnx.Param, ...)
+    rng = np.random.default_rng(0)  # every weight off its init (zero output heads would hide the control)
+    pure = jax.tree.map(lambda a: a + 0.2 * rng.standard_normal(a.shape).astype(np.float32), nnx.to_pure_dict(params))
+    write_dit_dir(str(tmp_path / "dit"), pure, model.cfg, stats)
+    vae = init_vae(WanVAEConfig.tiny(), 0)
+    converted_weights.save_params(tmp_path / "vae", nnx.to_pure_dict(nnx.state(vae, nnx.Param)), vae.cfg)
+    out = tmp_path / "swap"
+    s = _run(["--model", "world4d", "--dit", str(tmp_path / "dit"), "--vae", str(tmp_path / "vae"), "--episodes",
+              str(root), "--out", str(out), "--frames", "5", "--steps", "1", "--no-fvd", "--resolution", f"{H}x{W}",
+              "--swap"])
+    assert {"model", "model_swapped"} <= set(s["variants"])
+    own = episodes.load_generated(out / "generated", "lid_placement/episode_000000", 5)
+    swapped = episodes.load_generated(out / "generated_swapped", "lid_placement/episode_000000", 5)
+    for a, b in ((own.frames, swapped.frames), (own.depth, swapped.depth), (own.flow, swapped.flow)):
+        assert np.abs(a[1:].astype(np.float64) - b[1:]).max() > 0  # frame 0 is the given condition
+    np.testing.assert_array_equal(own.frames[0], swapped.frames[0])

@@ -81,6 +81,36 @@ def test_silenced_joint_attention_gives_the_teachers_sampler_per_branch(vae):
     assert euler[0].shape == shape and np.isfinite(np.asarray(euler[0])).all()
 
 
+def test_control_variant_samples_each_branch_as_the_controlled_teacher(vae):
+    """A 4D model with a control branch (silenced JA): each branch is the teacher's sampler with the
+    skeleton latent on that branch alone; the skeleton is required and followed."""
+    cfg = dataclasses.replace(CFG, base=dataclasses.replace(CFG.base, control="add", control_channels=Z))
+    flat = flatten_params(nnx.to_pure_dict(nnx.state(abstract_dit4d(cfg), nnx.Param)), str_keys=False)
+    params = flatten_params(_params(4, joint_out=False), str_keys=False)
+    rng = np.random.default_rng(4)
+    params.update({k: jnp.asarray((k[-1] == "gate") + 0.2 * rng.standard_normal(v.shape), jnp.float32)
+                   for k, v in flat.items() if k[:2] == ("base", "control")})
+    params = unflatten_params(params)
+    first, ctx = _first_and_context(1)
+    control = jnp.asarray(rng.standard_normal((1, T_LAT, HL, WL, Z)), jnp.float32)
+    key = jax.random.PRNGKey(3)
+    model = World4DModel(dit4d_from_params(cfg, params), vae)
+    got = model.sample_latents(key, first, ctx, T_LAT, SAMPLING, control)
+    for i, m in enumerate(("rgb", "depth", "flow")):
+        dit = build.model_from_params(WanDiT, cfg.base, branch_as_dit(params, m))
+        want = jax.jit(lambda f: samplers.sample(key, lambda x, t: dit(x, t, ctx, control), control.shape,
+                                                 num_steps=SAMPLING.num_steps, shift=SAMPLING.shift,
+                                                 first_frame_latent=f))(first[i])
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4, err_msg=m)
+    other = model.sample_latents(key, first, ctx, T_LAT, SAMPLING, -control)
+    assert all(float(jnp.abs(a - b).max()) > 1e-2 for a, b in zip(got, other))  # every modality follows it
+    with pytest.raises(ValueError, match="reads a skeleton video"):
+        model.sample_latents(key, first, ctx, T_LAT, SAMPLING)
+    with pytest.raises(ValueError, match="takes no skeleton video"):
+        World4DModel(dit4d_from_params(CFG, _params(4, joint_out=False)), vae).sample_latents(
+            key, first, ctx, T_LAT, SAMPLING, control)
+
+
 def test_generate_shapes_ranges_and_first_frame_conditions(vae):
     model = World4DModel(dit4d_from_params(CFG, _params(2, joint_out=True)), vae)
     rng = np.random.default_rng(0)

@@ -102,3 +102,46 @@ def test_synthetic_chain_teacher_to_stage1_to_stage2(tmp_path):
     one, two = flatten_params(stage1), flatten_params(stage2)
     assert all(np.array_equal(v, two[k]) for k, v in one.items())
     assert all(not np.any(v) for k, v in two.items() if k[0] == "joint" and k[2:3] in (("out",), ("embed",)))  # fresh JA
+
+
+@pytest.mark.usefixtures("fast_compile")
+def test_synthetic_control_variant_keeps_the_teachers_control_branch(tmp_path):
+    """`configs/world4d_synthetic_tiny.py:1,control`: stage 1 of the teleop extension starts with every
+    branch equal to the whole teacher, its control branch included (shared, in the base), and the
+    teacher's running statistics; the export writes them back beside the weights (one step at
+    momentum 0.01 moves them by at most 1 % of their distance to the batch's)."""
+    from flax import nnx
+
+    from configs import synthetic
+    from rynn_jax.models import control
+    from rynn_jax.models.dit import init_dit
+    from rynn_jax.models.dit4d_weights import branch_as_dit, load_dit4d
+    from rynn_jax.training import config as config_lib
+    from rynn_jax.training.export_weights import export_weights, write_dit_dir
+    from rynn_jax.weights import flatten_params
+
+    teacher_cfg = synthetic.teacher_model(dim=32, num_layers=2, num_heads=2, ffn_dim=64, freq_dim=32, dtype="float32")
+    _, teacher_params, stats = nnx.split(init_dit(teacher_cfg, 3), nnx.Param, ...)
+    recorded = {attr: {"mean": np.full(teacher_cfg.control_channels, 0.5, np.float32),
+                       "std": np.full(teacher_cfg.control_channels, 2.0, np.float32), "count": np.int32(40)}
+                for attr in ("control_stats", "video_stats")}
+    stats = control.replace_stats(stats, recorded)
+    write_dit_dir(str(tmp_path / "teacher"), nnx.to_pure_dict(teacher_params), teacher_cfg, stats)
+    teacher = flatten_params(nnx.to_pure_dict(teacher_params))
+    flags = [f"ckpt.init_from={tmp_path}/teacher", f"ckpt.dir={tmp_path}/run", f"log.dir={tmp_path}/logs",
+             "data.kind='synthetic'", "total_steps=1", "optim.lr=0.0", "log.progress=False"]
+    train.main(["--config", "configs/world4d_synthetic_tiny.py:1,control"] + [a for f in flags for a in ("--set", f)])
+    cfg = config_lib.apply_overrides(config_lib.load_config("configs/world4d_synthetic_tiny.py:1,control"), flags)
+    export_weights(cfg, str(tmp_path / "stage1"), use_ema=False)
+    model = load_dit4d(str(tmp_path / "stage1"))
+    stage1 = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for m in ("rgb", "depth", "flow"):
+        got = flatten_params(branch_as_dit(stage1, m))
+        assert set(got) == set(teacher) and any(k[0] == "control" for k in got)
+        for k, v in got.items():
+            np.testing.assert_array_equal(v, teacher[k], err_msg=f"{m} {k}")
+    back = control.stats_of(model)
+    for attr in ("control_stats", "video_stats"):
+        assert int(back[attr]["count"]) == 41
+        np.testing.assert_allclose(back[attr]["mean"], 0.5, atol=0.02)
+        np.testing.assert_allclose(back[attr]["std"], 2.0, atol=0.03)

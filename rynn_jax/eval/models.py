@@ -107,7 +107,8 @@ def world4d(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
         if truth.depth is None:
             raise ValueError(f"episode {name}: no depth.npz, and RynnWorld-4D starts from the first frame's depth")
         return generated(model.generate(episode_key(seed, name), truth.frames[0], truth.depth[0],
-                                        contexts(truth.prompt), len(truth.frames), sampling))
+                                        contexts(truth.prompt), len(truth.frames), sampling,
+                                        skeleton_thw3=truth.skeleton))  # read only with a control branch
 
     def reconstruct(truth: Truth) -> Generated:
         """RGB, depth and flow videos through the shared VAE and back, read as metres and pixels."""

@@ -13,8 +13,8 @@ The student streams through `StreamingSession` in the layout it was distilled fo
 student's `student.json`: blocks, cache, chunk re-anchoring on its own last frame), for any number
 of frames; `--frames 481` on 30-s episodes gives six 80-frame chunks for the drift table and plot.
 
-RynnWorld-4D (`world4d`): the model starts from the episode's first frame and its depth (no
-control) and generates RGB, depth and flow; every variant is also scored on depth (AbsRel, δ1),
+RynnWorld-4D (`world4d`): the model starts from the episode's first frame and its depth (and, with
+a control branch, reads the skeleton video; `swap` then applies too) and generates RGB, depth and flow; every variant is also scored on depth (AbsRel, δ1),
 flow (EPE in pixels) and the PSNR of the depth / flow videos as the model sees them
 (`episodes.with_encodings`); its "autoencoder" variant sends all three videos through the shared
 VAE. The generated depth and flow are saved beside the video in the sim's `depth.npz` / `flow.npz`
@@ -80,8 +80,8 @@ class EvalConfig:
             raise ValueError("--generated DIR is needed with --model generated, and only with it")
         if self.model == "generated" and (self.dit or self.vae or self.swap):
             raise ValueError("--dit/--vae/--swap need a model to run (--model teacher or student)")
-        if self.model == "world4d" and self.swap:
-            raise ValueError("--swap: RynnWorld-4D has no control to swap")
+        if self.model == "world4d" and self.swap and not _world4d_controlled(self.dit):
+            raise ValueError("--swap: this RynnWorld-4D model has no control branch (no skeleton to swap)")
         if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
             raise ValueError(f"--frames must be ≥ 2, --steps and --max-episodes ≥ 1; got {self.frames}, "
                              f"{self.steps}, {self.max_episodes}")
@@ -97,6 +97,20 @@ class EvalConfig:
 def _frames_for(cfg: EvalConfig, available: int) -> int:
     n = min(cfg.frames, available)
     return 1 + 4 * ((n - 1) // 4) if cfg.model in ("teacher", "world4d") else n
+
+
+def _world4d_controlled(dit: str | None) -> bool:
+    """Whether the 4D model at `dit` reads a skeleton video (the tiny random one does not); an
+    unreadable directory counts as yes, and its loader says what is wrong with it."""
+    from rynn_jax import converted_weights
+    from rynn_jax.models.dit4d import WanDiT4DConfig
+
+    if dit is None:
+        return False
+    try:
+        return converted_weights.load_config(dit, WanDiT4DConfig).base.control != "none"
+    except (OSError, ValueError):
+        return True
 
 
 def evaluate(cfg: EvalConfig) -> dict:
@@ -182,9 +196,15 @@ def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners:
                                  f"evaluating at {t.frames.shape[1:3]} (drop --resolution)")
         return preds
     if cfg.model == "world4d":
-        preds = [{"model": runner(t.name, t)} for t in truths]
-        for t, p in zip(truths, preds):
+        preds = []
+        for t, partner in zip(truths, partners):
+            p = {"model": runner(t.name, t)}
             _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton, p["model"])
+            if partner is not None:
+                other = _partner_skeleton(cfg, partner, t)
+                p["model_swapped"] = runner(t.name, dataclasses.replace(t, skeleton=other))
+                _save_generated(out / "generated_swapped" / t.name, p["model_swapped"].frames, other, p["model_swapped"])
+            preds.append(p)
     else:
         preds = _predict_controlled(cfg, out, truths, partners, runner)
     if hasattr(runner, "reconstruct"):  # the latent space's own ceiling (teacher: its VAE round trip)
@@ -201,9 +221,7 @@ def _predict_controlled(cfg: EvalConfig, out: Path, truths: list[episodes.Truth]
     requests = [Request(t.name, t.frames[0], t.skeleton, t.prompt) for t in truths]
     for t, partner in zip(truths, partners):  # the swapped clips after the group's own
         if partner is not None:
-            n, (h, w) = len(t.frames), t.frames.shape[1:3]
-            other = episodes.load_truth(cfg.episodes, partner, episodes.available_frames(cfg.episodes, partner), h, w)
-            requests.append(Request(t.name, t.frames[0], _fit_length(other.skeleton, n), t.prompt))
+            requests.append(Request(t.name, t.frames[0], _partner_skeleton(cfg, partner, t), t.prompt))
     videos = iter(runner(requests))
     preds = [{"model": episodes.Generated(next(videos))} for _ in truths]
     for t, p in zip(truths, preds):
@@ -214,6 +232,13 @@ def _predict_controlled(cfg: EvalConfig, out: Path, truths: list[episodes.Truth]
             p["model_swapped"] = episodes.Generated(next(videos))
             _save_generated(out / "generated_swapped" / t.name, p["model_swapped"].frames, next(swapped).skeleton_thw3)
     return preds
+
+
+def _partner_skeleton(cfg: EvalConfig, partner: str, truth: episodes.Truth) -> np.ndarray:
+    """The partner episode's skeleton video at `truth`'s length and size (the swap test's control)."""
+    (h, w) = truth.frames.shape[1:3]
+    other = episodes.load_truth(cfg.episodes, partner, episodes.available_frames(cfg.episodes, partner), h, w)
+    return _fit_length(other.skeleton, len(truth.frames))
 
 
 def _score_episode(cfg: EvalConfig, out: Path, truth: episodes.Truth, preds: dict[str, episodes.Generated],

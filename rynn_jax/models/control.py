@@ -159,10 +159,17 @@ def default_stats(cfg) -> dict[str, Any]:
     return {attr: nnx.to_pure_dict(nnx.state(RunningStats(cfg.control_channels))) for attr in _RECORDS.values()}
 
 
+def _branch_of(pure: dict) -> dict | None:
+    """The control branch's node in a pure dict: {"control": …} of a WanDiT, or of the base of a
+    RynnWorld-4D model ({"base": {"control": …}}); None without one."""
+    return pure.get("control", pure.get("base", {}).get("control"))
+
+
 def stats_of(model_or_state: Any) -> dict[str, Any]:
-    """The statistics (`default_stats` layout) of a WanDiT, or of a state holding {"control": …}."""
+    """The statistics (`default_stats` layout) of a WanDiT (or a 4D model with a control branch), or
+    of a state holding {"control": …} (or {"base": {"control": …}})."""
     state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state, ControlStats)
-    pure = nnx.to_pure_dict(state)["control"]
+    pure = _branch_of(nnx.to_pure_dict(state))
     return {attr: pure[attr] for attr in _RECORDS.values()}
 
 
@@ -213,12 +220,13 @@ def stats_file_of(model_dir: str | os.PathLike[str]) -> str | None:
 
 
 def replace_stats(stats: nnx.State, values: dict[str, Any]) -> nnx.State:
-    """`stats` (a state holding {"control": {...statistics}}, e.g. a train state's) with `values`
-    (`read_stats` layout) put in, each leaf keeping its dtype and device placement."""
+    """`stats` (a state holding {"control": {...statistics}}, or a 4D model's {"base": {"control": …}};
+    e.g. a train state's) with `values` (`read_stats` layout) put in, each leaf keeping its dtype and
+    device placement."""
     old = nnx.to_pure_dict(stats)
     new = jax.tree.map(lambda v, o: jax.device_put(jnp.asarray(v, o.dtype), getattr(o, "sharding", None)),
-                       values, {attr: old["control"][attr] for attr in values})
-    nnx.replace_by_pure_dict(stats, {"control": new})
+                       values, {attr: _branch_of(old)[attr] for attr in values})
+    nnx.replace_by_pure_dict(stats, {"control": new} if "control" in old else {"base": {"control": new}})
     return stats
 
 
@@ -227,6 +235,6 @@ def load_stats_into(stats: nnx.State, model_dir: str | os.PathLike[str], saved_c
     `model_dir` (config `saved_cfg`), from its STATS_FILE; unchanged when it has none or is not
     add-plus (training then starts them from its first batch)."""
     path = stats_file_of(model_dir) if saved_cfg.control == "add-plus" else None
-    if path is None or "control" not in nnx.to_pure_dict(stats):
+    if path is None or _branch_of(nnx.to_pure_dict(stats)) is None:
         return stats
     return replace_stats(stats, read_stats(path, saved_cfg))

@@ -108,6 +108,22 @@ class WanDiT(nnx.Module):
         return patchify_embed(z_bthwc, self.patch_embed[...], self.patch_embed_bias[...],
                               self.cfg.patch_size, jnp.dtype(self.cfg.dtype))
 
+    def control_tokens(self, z_bthwc: jax.Array, control_bthwc: jax.Array | None, gt_latent_bthwc: jax.Array | None,
+                       train: bool, null_control: bool) -> jax.Array | float:
+        """What the control branch adds to the patch tokens (B, L, D) float32; 0.0 without a branch
+        or under the null condition (`__call__` says what the arguments are)."""
+        if self.control is None:
+            if control_bthwc is not None:
+                raise ValueError("a control latent was given but cfg.control is 'none'")
+            return 0.0
+        if null_control:
+            return 0.0
+        if control_bthwc is None:
+            raise ValueError("this model has a control branch: pass the control latent (or null_control=True)")
+        if control_bthwc.shape[:4] != z_bthwc.shape[:4]:
+            raise ValueError(f"control latent {control_bthwc.shape} does not align with {z_bthwc.shape}")
+        return self.control(control_bthwc, gt_latent_bthwc, train).astype(jnp.float32)
+
     def embed_text(self, ctx_bsk: jax.Array) -> jax.Array:
         return self.text_embed_2(jax.nn.gelu(self.text_embed_1(ctx_bsk), approximate=True))
 
@@ -201,14 +217,7 @@ class WanDiT(nnx.Module):
             raise ValueError(f"timesteps must be per latent frame, shape {(z_bthwc.shape[0], grid[0])}; "
                              f"got {t_bf.shape}")
         x_bld = self.embed_patches(z_bthwc).astype(jnp.float32)
-        if self.control is not None and not null_control:
-            if control_bthwc is None:
-                raise ValueError("this model has a control branch: pass the control latent (or null_control=True)")
-            if control_bthwc.shape[:4] != z_bthwc.shape[:4]:
-                raise ValueError(f"control latent {control_bthwc.shape} does not align with {z_bthwc.shape}")
-            x_bld = x_bld + self.control(control_bthwc, gt_latent_bthwc, train)
-        elif self.control is None and control_bthwc is not None:
-            raise ValueError("a control latent was given but cfg.control is 'none'")
+        x_bld = x_bld + self.control_tokens(z_bthwc, control_bthwc, gt_latent_bthwc, train, null_control)
         ctx_bsd = self.embed_text(ctx_bsk)
         temb, tproj = self.embed_time(t_bf)
         rope_cs = rope.rope_cos_sin(grid, cfg.head_dim, cfg.rope_theta, max_len=cfg.rope_max_len)

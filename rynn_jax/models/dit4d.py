@@ -6,6 +6,8 @@ Three branches, one per modality, each a Wan2.2 DiT over latents of the same sha
                 cross-attention's K/V (and its norm_k), the head's modulation, 3D RoPE
     per branch  patch embedding, self-attention, cross-attention q/o/norm_q, the affine
                 cross-attention norm, FFN, output head
+    optional    the skeleton-control branch (`base.control`, not in the paper's text-and-image model):
+                one, shared, its tokens added to every branch's patch tokens
 
 `WanDiT4D.base` *is* a `WanDiT`: the RGB branch plus everything shared, under the same parameter
 names, so a Wan2.2-TI2V-5B checkpoint loads into it unchanged. `depth` and `flow` hold stacks of
@@ -70,8 +72,8 @@ class WanDiT4DConfig:
 
     def __post_init__(self) -> None:
         b = self.base
-        if b.control != "none" or b.token_multiple != 1:
-            raise ValueError("WanDiT4DConfig.base: the 4D model has no control branch or token padding "
+        if b.control == "concat" or b.token_multiple != 1:
+            raise ValueError("WanDiT4DConfig.base: the 4D model takes no concatenated control or token padding "
                              f"(got control={b.control!r}, token_multiple={b.token_multiple})")
         layers = self.joint_layers
         if list(layers) != sorted(set(layers)) or any(not 0 <= i < b.num_layers for i in layers):
@@ -218,23 +220,33 @@ class WanDiT4D(nnx.Module):
         self.joint = stacked(lambda r: JointAttention(cfg, rngs=r), n, rngs) if n else nnx.data(None)
 
     def __call__(self, z_rgb: jax.Array, z_depth: jax.Array, z_flow: jax.Array, t_bf: jax.Array,
-                 ctx_bsk: jax.Array, *, rgb_decay: jax.Array | float = 1.0) -> Latents:
+                 ctx_bsk: jax.Array, control_bthwc: jax.Array | None = None, *, rgb_decay: jax.Array | float = 1.0,
+                 gt_latent_bthwc: jax.Array | None = None, train: bool = False, null_control: bool = False
+                 ) -> Latents:
         """Velocities (float32) for latents (B, T, H, W, C) of one shape, per-frame timesteps
         (B, T) in [0, 1000] shared by the branches (frame 0, the clean condition, at 0) and the
-        text context (B, S, text_dim)."""
-        xs, temb, grid = self.hidden((z_rgb, z_depth, z_flow), t_bf, ctx_bsk, rgb_decay=rgb_decay)
+        text context (B, S, text_dim). With a control branch (`base.control`, an extension of the
+        paper's text-and-image model), the skeleton latent and its options as `WanDiT.__call__`'s."""
+        xs, temb, grid = self.hidden((z_rgb, z_depth, z_flow), t_bf, ctx_bsk, rgb_decay=rgb_decay,
+                                     control_bthwc=control_bthwc, gt_latent_bthwc=gt_latent_bthwc, train=train,
+                                     null_control=null_control)
         heads = (self.base.head, self.depth.head, self.flow.head)
         return tuple(self.base.project_out(x, temb, grid, head) for x, head in zip(xs, heads))
 
     def features(self, z: Latents, t_bf: jax.Array, ctx_bsk: jax.Array, layer: int) -> jax.Array:
         """The policy's backbone features: the three streams after block `layer` (0-based),
-        concatenated on channels, (B, L, 3·D) float32; later blocks and the heads are not run."""
-        return jnp.concatenate(self.hidden(z, t_bf, ctx_bsk, num_layers=layer + 1)[0], axis=-1)
+        concatenated on channels, (B, L, 3·D) float32; later blocks and the heads are not run. A
+        policy has no operator skeleton: a control branch is off (its null condition)."""
+        return jnp.concatenate(self.hidden(z, t_bf, ctx_bsk, num_layers=layer + 1, null_control=True)[0], axis=-1)
 
     def hidden(self, z: Latents, t_bf: jax.Array, ctx_bsk: jax.Array, *, rgb_decay: jax.Array | float = 1.0,
-               num_layers: int | None = None) -> tuple[Latents, jax.Array, tuple[int, int, int]]:
+               num_layers: int | None = None, control_bthwc: jax.Array | None = None,
+               gt_latent_bthwc: jax.Array | None = None, train: bool = False, null_control: bool = False
+               ) -> tuple[Latents, jax.Array, tuple[int, int, int]]:
         """The residual streams after the first `num_layers` blocks (default all), the time
-        embedding (B, F, D) and the token grid."""
+        embedding (B, F, D) and the token grid. A control branch's tokens (`WanDiT.control_tokens`,
+        computed once) join every branch's patch tokens: the skeleton says where the arms are in
+        the RGB, depth and flow videos alike, and a cloned branch computes what RGB does."""
         cfg, base = self.cfg, self.base
         bcfg = cfg.base
         n = bcfg.num_layers if num_layers is None else num_layers
@@ -247,6 +259,8 @@ class WanDiT4D(nnx.Module):
         embed = lambda zm, br: patchify_embed(zm, br.patch_embed[...], br.patch_embed_bias[...],  # noqa: E731
                                               bcfg.patch_size, jnp.dtype(bcfg.dtype)).astype(jnp.float32)
         xs = (base.embed_patches(z[0]).astype(jnp.float32), embed(z[1], self.depth), embed(z[2], self.flow))
+        c_bld = base.control_tokens(z[0], control_bthwc, gt_latent_bthwc, train, null_control)
+        xs = tuple(x + c_bld for x in xs)
         ctx_bsd = base.embed_text(ctx_bsk)
         temb, tproj = base.embed_time(t_bf)
         rope_cs = rope.rope_cos_sin(grid, bcfg.head_dim, bcfg.rope_theta, max_len=bcfg.rope_max_len)

@@ -34,7 +34,8 @@ from flax import nnx
 
 from rynn_jax import converted_weights
 from rynn_jax.models.dit4d import MODALITIES, WanDiT4D, WanDiT4DConfig, abstract_dit4d, dit4d_from_params
-from rynn_jax.models.dit_weights import dit_rules
+from rynn_jax.models import control
+from rynn_jax.models.dit_weights import dit_rules, with_control_stats
 from rynn_jax.torch_pickle import read_torch_checkpoint
 from rynn_jax.weights import (
     ConversionError,
@@ -89,10 +90,14 @@ def branch_as_dit(params4d: Mapping, branch: str) -> dict:
 
 
 def load_dit4d(path: str | os.PathLike[str], dtype=None) -> WanDiT4D:
-    """A 4D model from a converted-weights directory (`training.export_weights` of a 4D run)."""
+    """A 4D model from a converted-weights directory (`training.export_weights` of a 4D run; with a
+    control branch, its running statistics from the record beside the weights)."""
     cfg = converted_weights.load_config(path, WanDiT4DConfig)
     abstract = abstract_pure_params(nnx.state(abstract_dit4d(cfg), nnx.Param))
-    return dit4d_from_params(cfg, converted_weights.restore_params(path, abstract, dtype))
+    params = converted_weights.restore_params(path, abstract, dtype)
+    if cfg.base.control == "add-plus":
+        params["base"] = with_control_stats(params["base"], cfg.base, control.stats_file_of(path))
+    return dit4d_from_params(cfg, params)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ integrated by the teacher's flow-matching solvers (`diffusion.samplers.SOLVERS`)
 channel axis: every solver update is a per-step scalar combination, so on stacked channels it is
 exactly three schedulers running side by side, while the velocity function splits the stack for
 the 4D DiT. With the same key the RGB branch starts from the noise the teacher's sampler draws.
-The VAE decodes the three latents; `geometry_video` inverts the depth and flow encodings.
+The VAE decodes the three latents; `geometry_video` inverts the depth and flow encodings. A model
+with a control branch (the synthetic recipe's `control` variant) also reads the operator's skeleton
+video, encoded by the same VAE, as the teacher does.
 """
 
 from __future__ import annotations
@@ -64,26 +66,46 @@ class World4DModel(SplitModels):
         z = self.encode(to_model_range(frames[:, None]))
         return tuple(z[i:i + 1] for i in range(3))
 
+    @property
+    def controlled(self) -> bool:
+        """Whether the model reads a skeleton video (a control branch)."""
+        return self.dit_cfg.base.control != "none"
+
     def sample_latents(self, key: jax.Array, first: Latents, context_bsk: jax.Array, num_latent_frames: int,
-                       sampling: SamplingConfig) -> Latents:
-        """The three clips' latents (B, T', h, w, C) from their frame-0 latents (B, 1, h, w, C)."""
+                       sampling: SamplingConfig, control_bthwc: jax.Array | None = None) -> Latents:
+        """The three clips' latents (B, T', h, w, C) from their frame-0 latents (B, 1, h, w, C) (and,
+        with a control branch, the skeleton video's latent (B, T', h, w, C))."""
         shapes = {z.shape for z in first}
         if len(shapes) != 1 or first[0].ndim != 5 or first[0].shape[1] != 1:
             raise ValueError(f"frame-0 latents must be three arrays of one shape (B, 1, h, w, C), got {shapes}")
         if num_latent_frames < 2:
             raise ValueError(f"num_latent_frames must be ≥ 2 (frame 0 is given), got {num_latent_frames}")
+        if (control_bthwc is None) == self.controlled:
+            raise ValueError("this 4D model " + ("reads a skeleton video: pass its latent" if self.controlled
+                                                 else "has no control branch: it takes no skeleton video"))
+        if control_bthwc is not None and control_bthwc.shape[:2] != (first[0].shape[0], num_latent_frames):
+            raise ValueError(f"control latent {control_bthwc.shape} does not cover {num_latent_frames} latent frames")
         return _sample(self._dit_graph, self._dit_state, key, tuple(first), context_bsk, num_latent_frames,
-                       sampling, jnp.float32(self.rgb_decay))
+                       sampling, jnp.float32(self.rgb_decay), control_bthwc)
 
     def generate(self, key: jax.Array, reference_hw3: np.ndarray, depth_hw: np.ndarray, context_sk: np.ndarray,
-                 num_frames: int, sampling: SamplingConfig = SamplingConfig()) -> Sample4D:
+                 num_frames: int, sampling: SamplingConfig = SamplingConfig(),
+                 skeleton_thw3: np.ndarray | None = None) -> Sample4D:
         """`num_frames` (1 + k·VAE temporal stride) of RGB, depth and flow from the reference image
-        (H, W, 3) uint8, its depth (H, W) in metres, and the text context (S, D)."""
+        (H, W, 3) uint8, its depth (H, W) in metres, and the text context (S, D); with a control
+        branch, driven by the skeleton video (num_frames, H, W, 3) uint8 (a model without one
+        ignores it, so one call serves both)."""
         stride = self.vae_cfg.temporal_stride
         if num_frames < 1 + stride or (num_frames - 1) % stride:
             raise ValueError(f"num_frames must be 1 + {stride}k with k ≥ 1 (the VAE's temporal stride), got {num_frames}")
+        control = None
+        if skeleton_thw3 is not None and self.controlled:
+            if skeleton_thw3.shape != (num_frames,) + np.shape(reference_hw3):
+                raise ValueError(f"skeleton video {skeleton_thw3.shape}: expected {(num_frames,) + np.shape(reference_hw3)}")
+            control = self.encode(to_model_range(np.asarray(skeleton_thw3)[None]))
         first = self.first_latents(reference_hw3, depth_hw)
-        z = self.sample_latents(key, first, jnp.asarray(context_sk)[None], 1 + (num_frames - 1) // stride, sampling)
+        z = self.sample_latents(key, first, jnp.asarray(context_sk)[None], 1 + (num_frames - 1) // stride, sampling,
+                                control)
         return decoded_sample(*(self.decode(zm)[0] for zm in z))
 
 
@@ -97,12 +119,15 @@ def decoded_sample(rgb_thw3: jax.Array, depth_thw3: jax.Array, flow_thw3: jax.Ar
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
 def _sample(graph: nnx.GraphDef, state: nnx.State, key: jax.Array, first: Latents, context_bsk: jax.Array,
-            num_latent_frames: int, sampling: SamplingConfig, rgb_decay: jax.Array) -> Latents:
+            num_latent_frames: int, sampling: SamplingConfig, rgb_decay: jax.Array,
+            control_bthwc: jax.Array | None) -> Latents:
     dit = nnx.merge(graph, state)
     b, _, h, w, c = first[0].shape
 
     def model_fn(x, t_bf, ctx):  # (B, T', h, w, 3C) → the three velocities, stacked the same way
-        return jnp.concatenate(dit(*jnp.split(x, 3, axis=-1), t_bf, ctx, rgb_decay=rgb_decay), axis=-1)
+        control = None if control_bthwc is None else jnp.concatenate(  # CFG stacks cond/uncond on the batch
+            [control_bthwc] * (x.shape[0] // control_bthwc.shape[0]), axis=0)
+        return jnp.concatenate(dit(*jnp.split(x, 3, axis=-1), t_bf, ctx, control, rgb_decay=rgb_decay), axis=-1)
 
     if sampling.guidance_scale == 1.0:
         velocity_fn = functools.partial(model_fn, ctx=context_bsk)

@@ -25,7 +25,6 @@ from flax import nnx
 from rynn_jax import converted_weights, errors, sharding
 from rynn_jax.atomic import atomic_dir
 from rynn_jax.models import control
-from rynn_jax.models.dit import WanDiTConfig
 from rynn_jax.models.dit4d import WanDiT4DConfig
 from rynn_jax.training import checkpointing, config as config_lib, input as input_lib, lora, optim, preflight
 from rynn_jax.training import state as state_lib
@@ -70,10 +69,11 @@ def write_dit_dir(out_dir: str, pure: dict, model_cfg, stats, extra: Callable[[s
         model_cfg = dataclasses.replace(model_cfg, base=dataclasses.replace(model_cfg.base, param_dtype="float32"))
     else:
         model_cfg = dataclasses.replace(model_cfg, param_dtype="float32")
+    dit_cfg = model_cfg.base if isinstance(model_cfg, WanDiT4DConfig) else model_cfg  # holds the control branch
     with atomic_dir(out_dir) as tmp:
         converted_weights.save_params(tmp, pure, model_cfg)
-        if isinstance(model_cfg, WanDiTConfig) and model_cfg.control == "add-plus":
-            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(stats), model_cfg)
+        if dit_cfg.control == "add-plus":
+            control.write_stats(os.path.join(tmp, control.STATS_FILE), control.stats_of(stats), dit_cfg)
         if extra is not None:
             extra(tmp)
 

@@ -23,7 +23,7 @@ TRAIN_KEYS = ("video_latents", "control_video_latents", "img_latent", "text_embe
 
 def train_keys(cfg: TrainConfig) -> tuple[str, ...]:
     """The batch keys the run's loss reads (RynnWorld-4D: the three modalities' latents)."""
-    return loss4d.TRAIN_KEYS if isinstance(cfg.loss, World4DLossConfig) else TRAIN_KEYS
+    return loss4d.train_keys(cfg.model) if isinstance(cfg.loss, World4DLossConfig) else TRAIN_KEYS
 
 
 class SyntheticClip:

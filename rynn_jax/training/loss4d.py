@@ -8,7 +8,9 @@
 (per sample, probability `branch_dropout`): depth or flow (never RGB), chosen evenly, has frames
 1.. replaced by fresh noise; its loss is kept, as the release keeps it. The release draws one coin
 per batch; per sample is the same expectation with less variance. With `rgb_decay_steps` > 0 the
-RGB injection of bidirectional JA is scaled by a cosine from 1 at step 0 to 0 at that step.
+RGB injection of bidirectional JA is scaled by a cosine from 1 at step 0 to 0 at that step. A
+model with a control branch (our teleop extension) reads the skeleton latent and, as the teacher's
+loss does, updates the branch's running statistics from the clean RGB latent.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ Batch = dict[str, jax.Array]
 KEYS = {"rgb": ("video_latents", "img_latent"), "depth": ("depth_latents", "depth_img_latent"),
         "flow": ("flow_latents", "flow_img_latent")}
 TRAIN_KEYS = tuple(k for pair in KEYS.values() for k in pair) + ("text_embedding",)
+CONTROL_KEY = "control_video_latents"  # the skeleton video's latent, beside the RGB record
+
+
+def train_keys(model_cfg) -> tuple[str, ...]:
+    """The batch keys the loss reads for a WanDiT4DConfig: the control latent too with a branch."""
+    return TRAIN_KEYS + ((CONTROL_KEY,) if model_cfg.base.control != "none" else ())
 
 
 def rgb_decay(step: jax.Array, decay_steps: int) -> jax.Array:
@@ -52,7 +60,9 @@ def world4d_loss(model: WanDiT4D, batch: Batch, rng: jax.Array, cfg: World4DLoss
         for m, chosen in (("depth", hit & pick_depth), ("flow", hit & ~pick_depth)):
             z_t[m] = jnp.where(chosen[:, None, None, None, None], z_t[m].at[:, 1:].set(fresh[:, 1:]), z_t[m])
     t_bf = jnp.broadcast_to(sigma[:, None] * NUM_TRAIN_TIMESTEPS, (b, t)).at[:, 0].set(0.0)
+    controlled = model.base.control is not None
     v = model(z_t["rgb"], z_t["depth"], z_t["flow"], t_bf, batch["text_embedding"],
-              rgb_decay=rgb_decay(step, cfg.rgb_decay_steps))
+              batch[CONTROL_KEY] if controlled else None, rgb_decay=rgb_decay(step, cfg.rgb_decay_steps),
+              gt_latent_bthwc=batch["video_latents"] if controlled else None, train=controlled)
     per = [jnp.mean(jnp.square(vm[:, 1:] - (eps[:, 1:] - z0[m][:, 1:]))) for m, vm in zip(KEYS, v)]
     return per[0] + per[1] + cfg.flow_weight * per[2]

@@ -58,8 +58,9 @@ def check_checkpoint_dir(path: str, field: str) -> None:
                                 fix="point it at a run's ckpt directory")
 
 
-def check_4d_shard(path: str, field: str) -> None:
-    """The first record of a shard holds the depth and flow latents RynnWorld-4D trains on."""
+def check_4d_shard(path: str, field: str, keys: tuple[str, ...] | None = None) -> None:
+    """The first record of a shard holds the depth and flow latents RynnWorld-4D trains on (`keys`,
+    default the 4D loss's without control)."""
     from rynn_jax.data import shards
     from rynn_jax.training.loss4d import TRAIN_KEYS
 
@@ -67,10 +68,11 @@ def check_4d_shard(path: str, field: str) -> None:
         record = shards.first_record(path)
     except (OSError, ValueError, RuntimeError) as e:
         raise errors.InputError(f"{field} {path}: unreadable shard ({e})") from None
-    missing = [k for k in TRAIN_KEYS if record is not None and k not in record]
+    missing = [k for k in (keys or TRAIN_KEYS) if record is not None and k not in record]
     if record is None or missing:
         raise errors.InputError(f"{field} {path}: " + ("no records" if record is None else
-                                f"records lack {', '.join(missing)} (RGB-only shards)"),
+                                f"records lack {', '.join(missing)}"
+                                + (" (RGB-only shards)" if "depth_latents" in missing else "")),
                                 fix="pre-encode with python -m rynn_jax.data.preencode --geometry")
 
 
@@ -96,7 +98,8 @@ def check(cfg: Any) -> None:
                 raise errors.MissingFileError(f"data.sources[{name!r}] {pattern}: no shard files match",
                                               fix="write them with python -m rynn_jax.data.preencode")
             if isinstance(getattr(cfg, "loss", None), World4DLossConfig):  # as input.train_keys decides
-                check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]")
+                from rynn_jax.training.loss4d import train_keys
+                check_4d_shard(sorted(glob.glob(pattern))[0], f"data.sources[{name!r}]", train_keys(cfg.model))
         unknown = sorted(set(cfg.data.weights) - set(cfg.data.sources))
         if unknown:
             raise errors.UsageError(f"data.weights names sources not in data.sources: {unknown}")

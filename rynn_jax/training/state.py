@@ -124,9 +124,9 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
     come from its control_stats.json when it has one.
 
     RynnWorld-4D: a Wan DiT becomes the base (RGB branch) and is cloned into depth and flow (the
-    paper's init); its control branch, if any, is left out (the 4D model has none). A 4D model's
-    own export (the previous stage) loads path by path; joint-attention parameters it lacks (stage 1
-    has none) keep their init."""
+    paper's init); its control branch, if any, is left out unless the 4D model has one (then it and
+    its statistics are the base's). A 4D model's own export (the previous stage) loads path by path;
+    joint-attention parameters it lacks (stage 1 has none) keep their init."""
     from rynn_jax import converted_weights  # orbax, only when used
     from rynn_jax.models import control
     from rynn_jax.models.dit import abstract_dit
@@ -138,7 +138,8 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
         return _load_4d_export(state, path, have, have_sh)
     ckpt_cfg = converted_weights.load_config(path, WanDiTConfig)
     want = _flat(nnx.to_pure_dict(nnx.state(abstract_dit(ckpt_cfg), nnx.Param)))
-    dropped = {k for k in want if world4d and k[0] == "control"}  # restored (replicated), then left out
+    # restored (replicated), then left out: a control branch the 4D model does not have
+    dropped = {k for k in want if world4d and k[0] == "control" and ("base",) + k not in have}
     at = (lambda k: ("base",) + k) if world4d else (lambda k: k)  # noqa: E731
     bad = sorted(".".join(map(str, k)) for k in want
                  if k not in dropped and (at(k) not in have or have[at(k)].shape != want[k].shape))
@@ -160,6 +161,7 @@ def load_base_weights(state: TrainState, path: str, shardings: TrainState) -> Tr
 
 def _load_4d_export(state: TrainState, path: str, have: dict, have_sh: dict) -> TrainState:
     from rynn_jax import converted_weights
+    from rynn_jax.models import control
     from rynn_jax.models.dit4d import abstract_dit4d
 
     saved = converted_weights.load_config(path, WanDiT4DConfig)
@@ -169,7 +171,8 @@ def _load_4d_export(state: TrainState, path: str, have: dict, have_sh: dict) -> 
         raise ValueError(f"{path}: parameters missing from or shaped unlike this model: {bad[:5]}")
     restored = _flat(converted_weights.restore_params(path, unflatten_params(want),
                                                       shardings=unflatten_params({k: have_sh[k] for k in want})))
-    return _filled(state, restored)
+    state = _filled(state, restored)
+    return dataclasses.replace(state, stats=control.load_stats_into(state.stats, path, saved.base))
 
 
 def _filled(state: TrainState, restored: dict) -> TrainState:

@@ -161,7 +161,7 @@ has distill_export && { $S distill_export > out/distill_export.log 2>&1; log "di
 # RynnWorld-4D (docs/RYNNWORLD4D.md) on the 4D autoencoder when a stage of this lease made it (else the
 # committed RGB one): preencode4d (RGB + depth + flow latents of the training episodes), world4d (its
 # three stages from the synthetic teacher, WORLD4D_SECONDS each, for each of WORLD4D_VARIANTS: joint,
-# independent; WORLD4D_STAGES picks stages, WORLD4D_STAGE1=carried awaits an earlier lease's stage 1),
+# independent, control; WORLD4D_STAGES picks stages, WORLD4D_STAGE1=carried awaits an earlier lease's stage 1),
 # eval4d (each variant's stage-3 model on the held-out episodes, EVAL4D_FRAMES frames).
 W4V=${WORLD4D_VARIANTS:-joint}
 ae4d_or_rgb() {  # the 4D stages' autoencoder: this lease's autoencoder4d, else one a call carried (with
@@ -181,13 +181,14 @@ if has world4d; then
   use teacher
   # WORLD4D_STAGE1=carried: stage 1 comes from an earlier lease (a later call carries it; awaited as the
   # committed weights are), so this lease runs WORLD4D_STAGES="2 3" of the recipe's step counts
-  [ "${WORLD4D_STAGE1:-}" = carried ] && use world4d_stage1
   last=${WORLD4D_STAGES:-1 2 3}; last=${last##* }
   for v in $W4V; do
+    s1=world4d_stage1$([ "$v" = control ] && echo _control)  # joint and independent share stage 1
+    [ "${WORLD4D_STAGE1:-}" = carried ] && use "$s1"
     VARIANT=$v WORLD4D_SECONDS=${WORLD4D_SECONDS:-300} $S world4d > "out/world4d_$v.log" 2>&1
     log "world4d $v rc=$?"
     # the last stage run goes back (pack.sh); stage 1 or 2 only when the lease ends there
-    finished "world4d_stage$last$([ "$v" = joint ] || [ "$last" = 1 ] || echo "_$v")"
+    finished "world4d_stage$last$([ "$v" = joint ] || { [ "$last" = 1 ] && [ "$v" != control ]; } || echo "_$v")"
   done
 fi
 if has eval4d; then
