@@ -17,7 +17,8 @@
 # CPU smoke run, e.g. configs/synthetic_ae_tiny.py), RES (HxW, default 128x224), FRAMES (episode length),
 # DATA_SEED (first training seed, default TRAIN_SEED; a run that regenerates its data — a lent GPU
 # lease — can take fresh episodes with another, e.g. 100000 × n, as long as its attempts stay below
-# HELDOUT_SEED). RynnWorld-4D: VARIANT (joint, default, or independent: the no-joint-attention ablation),
+# HELDOUT_SEED). RynnWorld-4D: VARIANT (joint, default; independent: the no-joint-attention ablation;
+# control: the skeleton-driven extension, its own three stages),
 # WORLD4D_SECONDS / WORLD4D_STEPS (per stage, as for the teacher), WORLD4D_STAGES (which of 1 2 3 run;
 # a stage reads the previous one's export, so "2 3" needs weights/synthetic/world4d_stage1).
 # WORKDIR: where data/, weights/ and runs/ go (default: the repository).
