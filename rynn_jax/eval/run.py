@@ -13,9 +13,10 @@ The student streams through `StreamingSession` in the layout it was distilled fo
 student's `student.json`: blocks, cache, chunk re-anchoring on its own last frame), for any number
 of frames; `--frames 481` on 30-s episodes gives six 80-frame chunks for the drift table and plot.
 
-RynnWorld-4D (`world4d`): the model starts from the episode's first frame and its depth (and, with
-a control branch, reads the skeleton video; `swap` then applies too) and generates RGB, depth and flow; every variant is also scored on depth (AbsRel, δ1),
-flow (EPE in pixels) and the PSNR of the depth / flow videos as the model sees them
+RynnWorld-4D (`world4d`): the model starts from the episode's first frame and its depth (with a
+control branch it also reads the skeleton video, and `swap` applies) and generates RGB, depth and
+flow; every variant is also scored on depth (AbsRel, δ1), flow (EPE in pixels) and the PSNR of the
+depth / flow videos as the model sees them
 (`episodes.with_encodings`); its "autoencoder" variant sends all three videos through the shared
 VAE. The generated depth and flow are saved beside the video in the sim's `depth.npz` / `flow.npz`
 format (so `--model generated` scores them again), with `depth.mp4` / `flow.mp4` to watch.
@@ -203,7 +204,8 @@ def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners:
             if partner is not None:
                 other = _partner_skeleton(cfg, partner, t)
                 p["model_swapped"] = runner(t.name, dataclasses.replace(t, skeleton=other))
-                _save_generated(out / "generated_swapped" / t.name, p["model_swapped"].frames, other, p["model_swapped"])
+                swapped = p["model_swapped"]
+                _save_generated(out / "generated_swapped" / t.name, swapped.frames, other, swapped)
             preds.append(p)
     else:
         preds = _predict_controlled(cfg, out, truths, partners, runner)

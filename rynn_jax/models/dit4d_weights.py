@@ -33,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from rynn_jax import converted_weights
-from rynn_jax.models.dit4d import MODALITIES, WanDiT4D, WanDiT4DConfig, abstract_dit4d, dit4d_from_params
 from rynn_jax.models import control
+from rynn_jax.models.dit4d import MODALITIES, WanDiT4D, WanDiT4DConfig, abstract_dit4d, dit4d_from_params
 from rynn_jax.models.dit_weights import dit_rules, with_control_stats
 from rynn_jax.torch_pickle import read_torch_checkpoint
 from rynn_jax.weights import (

@@ -101,7 +101,8 @@ class World4DModel(SplitModels):
         control = None
         if skeleton_thw3 is not None and self.controlled:
             if skeleton_thw3.shape != (num_frames,) + np.shape(reference_hw3):
-                raise ValueError(f"skeleton video {skeleton_thw3.shape}: expected {(num_frames,) + np.shape(reference_hw3)}")
+                want = (num_frames,) + np.shape(reference_hw3)
+                raise ValueError(f"skeleton video {skeleton_thw3.shape}: expected {want}")
             control = self.encode(to_model_range(np.asarray(skeleton_thw3)[None]))
         first = self.first_latents(reference_hw3, depth_hw)
         z = self.sample_latents(key, first, jnp.asarray(context_sk)[None], 1 + (num_frames - 1) // stride, sampling,
