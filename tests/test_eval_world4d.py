@@ -141,3 +141,5 @@ def test_eval_world4d_control_variant_swaps_the_skeleton(sim_root, tmp_path, fas
     for a, b in ((own.frames, swapped.frames), (own.depth, swapped.depth), (own.flow, swapped.flow)):
         assert np.abs(a[1:].astype(np.float64) - b[1:]).max() > 0  # frame 0 is the given condition
     np.testing.assert_array_equal(own.frames[0], swapped.frames[0])
+    rec = json.loads((out / "episodes" / "lid_placement__episode_000000.json").read_text())
+    assert rec["strip_rows"][:3] == ["skeleton", "generated", "swapped skeleton"] and len(rec["strip_rows"]) == 8

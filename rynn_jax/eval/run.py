@@ -268,6 +268,9 @@ def _score_episode(cfg: EvalConfig, out: Path, truth: episodes.Truth, preds: dic
         m = preds["model"]
         rows = [m.frames[:n], truth.frames, m.depth_video[:n], truth.depth_video, m.flow_video[:n], truth.flow_video]
         record["strip_rows"] = ["generated", "truth", "gen. depth", "true depth", "gen. flow", "true flow"]
+        if "model_swapped" in preds:  # a controlled model: what drove it, and the swapped skeleton's RGB
+            rows = [truth.skeleton, *rows[:1], preds["model_swapped"].frames[:n], *rows[1:]]
+            record["strip_rows"] = ["skeleton", "generated", "swapped skeleton", *record["strip_rows"][1:]]
     else:
         rows = [truth.skeleton, preds["model"].frames[:n]]
         if "model_swapped" in preds:
