@@ -250,3 +250,19 @@ def test_chain_wide_autoencoder_trains_encoder_and_decoder_after_the_decoder_sta
     args = train[0].split()
     assert args[2].endswith("synthetic_ae.py") and "export_dir=weights/synthetic/autoencoder" in args
     assert "synthetic_decoder.py:vae_wide" in train[1]
+
+
+def test_chain_world4d_stage_names_come_from_the_recipe(tmp_path):
+    """The world4d stage names each variant's exports as configs/world4d_synthetic does (joint and
+    independent share stage 1, control has its own): a carried stage 1 is taken from init/ under that
+    name, and the last stage is reported finished under it, so pack.sh sends it."""
+    _net(tmp_path / "work" / "weights" / "synthetic", "teacher", b"committed")
+    for name in ("world4d_stage1", "world4d_stage1_control"):  # an earlier lease's stage 1, carried in
+        _net(tmp_path / "work" / "init", name, b"stage 1")
+    log, calls = _chain(tmp_path, STAGES="world4d", WORLD4D_VARIANTS="joint independent control",
+                        WORLD4D_STAGES="1", WORLD4D_STAGE1="carried")
+    used = [line.split("using the committed ")[1] for line in log.splitlines() if "using the committed " in line]
+    finished = [line.split("finished ")[1] for line in log.splitlines() if "finished " in line]
+    assert used == ["world4d_stage1", "world4d_stage1_control"]  # the second joint/independent use finds it there
+    assert finished == ["world4d_stage1", "world4d_stage1", "world4d_stage1_control"]
+    assert not [c for c in calls if "train.py" in c]  # stage 1 exists, so no variant retrains it

@@ -203,8 +203,7 @@ def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners:
             _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton, p["model"])
             if partner is not None:
                 other = _partner_skeleton(cfg, partner, t)
-                p["model_swapped"] = runner(t.name, dataclasses.replace(t, skeleton=other))
-                swapped = p["model_swapped"]
+                p["model_swapped"] = swapped = runner(t.name, dataclasses.replace(t, skeleton=other))
                 _save_generated(out / "generated_swapped" / t.name, swapped.frames, other, swapped)
             preds.append(p)
     else:

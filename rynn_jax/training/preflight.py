@@ -58,17 +58,16 @@ def check_checkpoint_dir(path: str, field: str) -> None:
                                 fix="point it at a run's ckpt directory")
 
 
-def check_4d_shard(path: str, field: str, keys: tuple[str, ...] | None = None) -> None:
-    """The first record of a shard holds the depth and flow latents RynnWorld-4D trains on (`keys`,
-    default the 4D loss's without control)."""
+def check_4d_shard(path: str, field: str, keys: tuple[str, ...]) -> None:
+    """The first record of a shard holds the latents RynnWorld-4D trains on (`keys`, the 4D loss's:
+    `loss4d.train_keys`)."""
     from rynn_jax.data import shards
-    from rynn_jax.training.loss4d import TRAIN_KEYS
 
     try:
         record = shards.first_record(path)
     except (OSError, ValueError, RuntimeError) as e:
         raise errors.InputError(f"{field} {path}: unreadable shard ({e})") from None
-    missing = [k for k in (keys or TRAIN_KEYS) if record is not None and k not in record]
+    missing = [k for k in keys if record is not None and k not in record]
     if record is None or missing:
         raise errors.InputError(f"{field} {path}: " + ("no records" if record is None else
                                 f"records lack {', '.join(missing)}"

@@ -182,13 +182,16 @@ if has world4d; then
   # WORLD4D_STAGE1=carried: stage 1 comes from an earlier lease (a later call carries it; awaited as the
   # committed weights are), so this lease runs WORLD4D_STAGES="2 3" of the recipe's step counts
   last=${WORLD4D_STAGES:-1 2 3}; last=${last##* }
+  w4d_name() {  # w4d_name N VARIANT: stage N's export folder, as the recipe names it (joint and
+                # independent share stage 1; control has its own)
+    python3 -c "import os; from configs import world4d_synthetic as w; print(os.path.basename(w.export_dir($1, '$2')))"
+  }
   for v in $W4V; do
-    s1=world4d_stage1$([ "$v" = control ] && echo _control)  # joint and independent share stage 1
-    [ "${WORLD4D_STAGE1:-}" = carried ] && use "$s1"
+    [ "${WORLD4D_STAGE1:-}" = carried ] && use "$(w4d_name 1 "$v")"
     VARIANT=$v WORLD4D_SECONDS=${WORLD4D_SECONDS:-300} $S world4d > "out/world4d_$v.log" 2>&1
     log "world4d $v rc=$?"
     # the last stage run goes back (pack.sh); stage 1 or 2 only when the lease ends there
-    finished "world4d_stage$last$([ "$v" = joint ] || { [ "$last" = 1 ] && [ "$v" != control ]; } || echo "_$v")"
+    finished "$(w4d_name "$last" "$v")"
   done
 fi
 if has eval4d; then
