@@ -160,8 +160,9 @@ stage_world4d() {   # RynnWorld-4D's stages (WORLD4D_STAGES, default "1 2 3") fr
 
 stage_eval4d() {    # the stage-3 model on the held-out episodes: RGB, depth (AbsRel, δ1), flow (EPE, px)
   log "eval4d (${VARIANT:-joint})"
+  local swap=; [ "${VARIANT:-joint}" = control ] && swap=--swap   # skeleton-driven: the swapped-skeleton test too
   $PY "$REPO/eval.py" --model world4d --dit "$(world4d_dir 3)" --vae "$(ae4d)" --episodes "$HELDOUT_DIR" \
-      --text-embeddings "$TEXT_DIR" --out "eval/world4d_${VARIANT:-joint}" --frames "${EVAL_FRAMES:-33}" --no-fvd
+      --text-embeddings "$TEXT_DIR" --out "eval/world4d_${VARIANT:-joint}" --frames "${EVAL_FRAMES:-33}" --no-fvd $swap
 }
 
 stages=("$@")

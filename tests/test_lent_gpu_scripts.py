@@ -109,9 +109,11 @@ def test_pack_sends_4d_stage_1_when_the_lease_ended_there(tmp_path):
     assert sent == ["world4d_stage1"]
 
 
-def _world4d_stage(tmp_path: Path, stages: str, carried: bool) -> subprocess.CompletedProcess:
-    """synthetic_world_model.sh's world4d stage with a python that records train.py / export calls
-    (and makes the export's folder) and runs everything else (the configs' path lookups)."""
+def _world4d_stage(tmp_path: Path, stages: str, carried: bool, stage: str = "world4d",
+                   **env: str) -> subprocess.CompletedProcess:
+    """synthetic_world_model.sh's `stage` (world4d: WORLD4D_STAGES=stages) with a python that records
+    train.py / eval.py / export calls (and makes the export's folder) and runs everything else (the
+    configs' path lookups)."""
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
 [ "$1" = -c ] && exec "{shutil.which('python3')}" "$@"
@@ -123,8 +125,8 @@ if [ "$1" = -m ]; then out=${{@: -3:1}}; mkdir -p "$out" && echo {{}} > "$out/co
     if carried:
         _net(work / "weights" / "synthetic", "world4d_stage1", b"earlier lease")
     work.mkdir(exist_ok=True)
-    env = {**os.environ, "WORKDIR": str(work), "PYTHON": str(fake), "WORLD4D_STAGES": stages}
-    return subprocess.run(["bash", str(REPO / "scripts" / "synthetic_world_model.sh"), "world4d"], env=env,
+    env = {**os.environ, "WORKDIR": str(work), "PYTHON": str(fake), "WORLD4D_STAGES": stages, **env}
+    return subprocess.run(["bash", str(REPO / "scripts" / "synthetic_world_model.sh"), stage], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -137,6 +139,16 @@ def test_world4d_stages_run_in_order_and_skip_a_carried_stage_1(tmp_path, stages
     calls = (tmp_path / "calls").read_text().splitlines()
     assert [c.split(":")[-1].split()[0] for c in calls if "train.py" in c] == trained
     assert len([c for c in calls if "export_weights" in c]) == len(trained)
+
+
+@pytest.mark.parametrize("variant, swap", [("joint", False), ("independent", False), ("control", True)])
+def test_eval4d_runs_the_swap_test_for_the_skeleton_driven_variant_only(tmp_path, variant, swap):
+    r = _world4d_stage(tmp_path, "3", carried=False, stage="eval4d", VARIANT=variant)
+    assert r.returncode == 0, r.stderr
+    [call] = [c.split() for c in (tmp_path / "calls").read_text().splitlines() if "eval.py" in c]
+    assert call[call.index("--dit") + 1].endswith(f"world4d_stage3{'' if variant == 'joint' else '_' + variant}")
+    assert call[call.index("--out") + 1] == f"eval/world4d_{variant}"
+    assert ("--swap" in call) == swap
 
 
 def test_world4d_stage_2_without_stage_1_stops_early(tmp_path):
