@@ -239,6 +239,26 @@ def test_heldout_streaming_equals_whole_clip(exported, fast_compile):
             assert abs(h[f"psnr_{names[k]}"] - p) < 1e-3, (names[k], h, p)
 
 
+def test_score_splits_frames_at_the_recipes_clip_length(exported, capsys, fast_compile):
+    """Clips longer than the recipe trains on (TINY: 5 frames) add a table of each video's mean
+    per-frame PSNR over positions 1–4 and 5–8, from the per-frame scores checked above."""
+    cfg, _, _ = exported
+    overrides = [f"data.heldout_dirs=['{cfg.data.heldout_dirs[0]}']", "data.height=32", "data.width=48",
+                 "data.num_frames=9", "data.batch_size=2", "data.read_threads=2"]
+    scores = autoencoders.main([cfg.export_dir, "--config", TINY, "--clips", "2",
+                                *[a for o in overrides for a in ("--set", o)]])
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if "frames 1–4" in line)
+    names = [c.split(" frames")[0] for c in lines[head].strip("| ").split(" | ")[1::2]]
+    cells = lines[head + 2].strip("| ").split(" | ")
+    r = scores[cfg.export_dir]
+    assert cells[0] == cfg.export_dir and names and len(cells) == 1 + 2 * len(names)
+    for k, name in enumerate(names):
+        f = np.asarray(r[f"psnr_frames_{name}"])
+        assert len(f) == 9 and lines[head].count(f"{name} frames 5–8") == 1
+        assert cells[1 + 2 * k:3 + 2 * k] == [f"{f[1:5].mean():.2f}", f"{f[5:].mean():.2f}"]
+
+
 def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
     """`python -m rynn_jax.eval.autoencoders DIR DIR`: per video and per frame on the recipe's held-out clips, each
     frame's PSNR recomputed in NumPy; the table has a row per autoencoder; bad input is one line."""
@@ -251,6 +271,7 @@ def test_score_gives_each_frames_psnr(exported, tmp_path, capsys, fast_compile):
     scores = autoencoders.main([*args, *[a for o in overrides for a in ("--set", o)]])
     table = capsys.readouterr().out
     assert f"| {cfg.export_dir} |" in table and f"| {copy} |" in table and "position 4 of 4" in table
+    assert "frames 5–" not in table  # the recipe's own clip length: no past-the-length table
     assert json.loads((tmp_path / "s.json").read_text()) == scores and scores[copy] == scores[cfg.export_dir]
     r = scores[cfg.export_dir]
     loaded = ae.Codec(*nnx.split(vae, nnx.Param))

@@ -11,6 +11,9 @@ table (each video's PSNR, then RGB frame 0, which the encoder sees alone, agains
 their position inside a latent) and writes the scores as JSON (`psnr_frames_<video>`: each frame's
 PSNR averaged over that video's clips).
 
+Clips longer than the recipe trains on (`--set data.num_frames=49`) add a table of each video's
+PSNR inside and past that length (a causal autoencoder trained on short clips can fail past it).
+
 `--regions N` also says where the RGB round trip's error lies: the first N frames of every held-out
 episode that has the sim's segmentation, its squared error split between the background, the robot
 and the task's objects (share of the pixels, share of the error, PSNR inside), and the share of the
@@ -164,6 +167,23 @@ def table(scores: dict[str, dict], names: Sequence[str]) -> str:
     return "\n".join(rows)
 
 
+def length_table(scores: dict[str, dict], names: Sequence[str], trained: int) -> str:
+    """Markdown: per autoencoder and video, the mean per-frame PSNR over clip positions 1..trained−1
+    (inside the clip length the recipe trains on) and trained.. (past it, where a causal encoder's
+    latents may have settled into states the decoder never saw)."""
+    n = len(next(iter(scores.values()))[f"psnr_frames_{names[0]}"])
+    head = ["autoencoder", *[f"{v} {span}" for v in names
+                             for span in (f"frames 1–{trained - 1}", f"frames {trained}–{n - 1}")]]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d, r in scores.items():
+        cells = [d]
+        for v in names:
+            f = np.asarray(r[f"psnr_frames_{v}"])
+            cells += [f"{f[1:trained].mean():.2f}", f"{f[trained:].mean():.2f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     p = errors.ArgumentParser(prog="python -m rynn_jax.eval.autoencoders", description=__doc__)
     p.add_argument("vae", nargs="+", help="exported autoencoder directories")
@@ -181,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     a = p.parse_args(argv)
     from rynn_jax.training.decoder import DecoderTrainConfig
 
-    cfg = config_lib.apply_overrides(
-        config_lib.load_config(a.config, (ae.AutoencoderTrainConfig, DecoderTrainConfig)), a.set)
+    recipe = config_lib.load_config(a.config, (ae.AutoencoderTrainConfig, DecoderTrainConfig))
+    cfg = config_lib.apply_overrides(recipe, a.set)
     data = dataclasses.replace(cfg.data, eval_clips=a.clips) if a.clips else cfg.data
     if a.regions < 0:
         raise errors.UsageError(f"--regions must be ≥ 1 frames (0: off), got {a.regions}")
@@ -190,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
         raise errors.UsageError("--error-map draws the --regions frames: give --regions N too")
     scores = score(a.vae, data)
     print(table(scores, list(data.videos)))
+    trained = recipe.data.num_frames
+    if data.num_frames > trained:  # clips longer than the recipe trains on (data.num_frames raised by --set)
+        print(length_table(scores, list(data.videos), trained))
     if a.regions:
         examples: dict[str, dict[str, Example]] = {d: {} for d in a.vae}
         for d in a.vae:
