@@ -122,16 +122,19 @@ def region_errors(vae_dir: str, data: ae.AutoencoderDataConfig, num_frames: int,
                   "psnr": to_psnr(e.mean()), "episodes": len(dirs), "by_task": by_task}
 
 
+def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table: the header, its rule, one line per row of cells."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"
+    return "\n".join([line(head), "|" + "---|" * len(head), *map(line, rows)])
+
+
 def region_table(regions: dict[str, dict]) -> str:
     """Markdown: per autoencoder and region, its share of the pixels and of the error, PSNR inside."""
     head = ["autoencoder", "PSNR", *[f"{r}: pixels / error / PSNR" for r in REGIONS], "worst 1 % / 5 % of pixels"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for d, r in regions.items():
-        cells = [d, f"{r['psnr']:.2f}",
-                 *[f"{100 * r[k]['pixels']:.1f} % / {100 * r[k]['error']:.1f} % / {r[k]['psnr']:.2f}" for k in REGIONS],
-                 f"{100 * r['worst_1pct']:.0f} % / {100 * r['worst_5pct']:.0f} %"]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return _markdown(head, [
+        [d, f"{r['psnr']:.2f}",
+         *[f"{100 * r[k]['pixels']:.1f} % / {100 * r[k]['error']:.1f} % / {r[k]['psnr']:.2f}" for k in REGIONS],
+         f"{100 * r['worst_1pct']:.0f} % / {100 * r['worst_5pct']:.0f} %"] for d, r in regions.items()])
 
 
 ERROR_MAP_FULL = 0.02  # squared error (unit range, summed over colour) drawn white: ≈ 0.08 per channel, 22 dB
@@ -158,13 +161,12 @@ def table(scores: dict[str, dict], names: Sequence[str]) -> str:
     first, stride = names[0], next(iter(scores.values()))["temporal_stride"]
     head = (["autoencoder", *[f"{n} PSNR" for n in names], f"{first} frame 0"]
             + [f"{first} position {k + 1} of {stride}" for k in range(stride)])
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for d, r in scores.items():
         f = np.asarray(r[f"psnr_frames_{first}"])
         by_position = [f[1:][k::stride].mean() for k in range(stride)]
-        cells = [d, *[f"{r[f'psnr_{n}']:.2f}" for n in names], f"{f[0]:.2f}", *[f"{v:.2f}" for v in by_position]]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        rows.append([d, *[f"{r[f'psnr_{n}']:.2f}" for n in names], f"{f[0]:.2f}", *[f"{v:.2f}" for v in by_position]])
+    return _markdown(head, rows)
 
 
 def length_table(scores: dict[str, dict], names: Sequence[str], trained: int) -> str:
@@ -174,14 +176,11 @@ def length_table(scores: dict[str, dict], names: Sequence[str], trained: int) ->
     n = len(next(iter(scores.values()))[f"psnr_frames_{names[0]}"])
     head = ["autoencoder", *[f"{v} {span}" for v in names
                              for span in (f"frames 1–{trained - 1}", f"frames {trained}–{n - 1}")]]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for d, r in scores.items():
-        cells = [d]
-        for v in names:
-            f = np.asarray(r[f"psnr_frames_{v}"])
-            cells += [f"{f[1:trained].mean():.2f}", f"{f[trained:].mean():.2f}"]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        frames = [np.asarray(r[f"psnr_frames_{v}"]) for v in names]
+        rows.append([d, *[f"{m:.2f}" for f in frames for m in (f[1:trained].mean(), f[trained:].mean())]])
+    return _markdown(head, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
