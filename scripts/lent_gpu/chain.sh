@@ -6,7 +6,7 @@
 # (the autoencoder starts once this many training episodes exist), AE_VARIANT (wide:
 # configs/synthetic_ae.py:wide, after the decoder stage, from its vae_wide export), AE_SECONDS / TEACHER_SECONDS /
 # DISTILL_A_SECONDS / DISTILL_B_SECONDS (then SIGINT: save and stop; KILL_AFTER seconds later, default
-# 300, a run still going is killed), AE4D_VARIANT (frozen / wide: configs/synthetic_ae4d.py:frozen / :wide), AE_INIT / TEACHER_INIT
+# 300, a run still going is killed), AE4D_VARIANT (frozen / wide / long: configs/synthetic_ae4d.py:frozen / :wide / :long), AE_INIT / TEACHER_INIT
 # (exported weights to continue from; committed weights arrive as init/autoencoder, init/teacher,
 # see deliver.sh), STUDENT_INIT (an exported student phase B continues from; phase A is skipped),
 # PREENCODE_WORKERS, INIT_WAIT, AE_ARGS / TEACHER_ARGS (more train.py flags, e.g.
