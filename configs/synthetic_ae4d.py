@@ -1,6 +1,6 @@
 """The synthetic autoencoder adapted to RynnWorld-4D's depth and flow videos (docs/RYNNWORLD4D.md),
 exported to synthetic.AUTOENCODER_4D beside the RGB autoencoder, which the teacher and student keep
-using. Three ways, all behind the committed RGB autoencoder's encoder (`ckpt.init_from`):
+using. Four ways, all behind the committed RGB autoencoder's encoder (`ckpt.init_from`):
 
     python train.py --config configs/synthetic_ae4d.py          # whole autoencoder fine-tuned
     python train.py --config configs/synthetic_ae4d.py:frozen   # encoder frozen, its decoder fine-tuned
@@ -40,7 +40,7 @@ def get_config(variant: str = ""):
         cfg = synthetic_decoder.get_config("vae")
         run = f"{synthetic.RUNS}/autoencoder4d_{variant}"
         init = synthetic_decoder.get_config("vae_wide").export_dir if variant == "wide" else cfg.ckpt.init_from
-        long = variant == "long"  # same frames per batch ×1.4, so ≈ 11 steps/s on one H100 (17 frames: ≈ 19)
+        long = variant == "long"  # 8 × 49 frames a batch (16 × 17 otherwise): ≈ 11 steps/s on one H100, not ≈ 19
         return dataclasses.replace(
             cfg, data=dataclasses.replace(cfg.data, videos={"rgb": SIM_VIDEOS["rgb"], **GEOMETRY_VIDEOS},
                                           eval_clips=128, num_frames=LONG_FRAMES if long else cfg.data.num_frames,
@@ -49,7 +49,7 @@ def get_config(variant: str = ""):
             ckpt=dataclasses.replace(cfg.ckpt, dir=f"{run}/ckpt", every=500, init_from=init),
             log=dataclasses.replace(cfg.log, dir=f"{run}/logs"),
             total_steps=3000 if long else 4000, export_dir=synthetic.AUTOENCODER_4D)
-    cfg = synthetic_ae.get_config("wide")  # the committed autoencoder's widths (revision 6: decoder 64)
+    cfg = synthetic_ae.get_config("wide")  # the committed autoencoder's widths (since revision 6: decoder 64)
     run = f"{synthetic.RUNS}/autoencoder4d"
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, videos={**SIM_VIDEOS, **GEOMETRY_VIDEOS}, eval_clips=128),
