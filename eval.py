@@ -8,6 +8,8 @@ and flow errors, FVD, baselines, plots and a report (rynn_jax/eval/, docs/eval.m
     python eval.py --model generated --generated data/robot_generated --episodes data/robot --out eval/gen
     python eval.py --model world4d --dit DIR --vae weights/synthetic/autoencoder --episodes data/synthetic/heldout \
         --text-embeddings data/synthetic/text_embeddings --out eval/world4d    # RGB + depth + flow
+    python eval.py --model autoencoder --vae weights/synthetic/autoencoder --episodes data/synthetic/heldout \
+        --out eval/autoencoder    # the round trip alone, scored like a model (depth, flow where present)
 
 Re-running the same command resumes (finished episodes are kept); the report is rewritten.
 """
@@ -26,8 +28,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = errors.ArgumentParser(prog="python eval.py", description=__doc__)
     p.add_argument("--model", required=True, choices=MODELS,
                    help="teacher (bidirectional sampler), student (causal StreamingSession), world4d (RynnWorld-4D: "
-                        "RGB, depth, flow from the first frame and its depth), or generated (score the videos under "
-                        "--generated)")
+                        "RGB, depth, flow from the first frame and its depth), generated (score the videos under "
+                        "--generated), or autoencoder (the --vae round trip alone: the ceiling of any model in its "
+                        "latent space; depth and flow too where the episodes have them)")
     p.add_argument("--episodes", required=True, help="ground-truth episodes (robot layout, e.g. sim held-out)")
     p.add_argument("--out", required=True, help="output directory (re-run to resume)")
     p.add_argument("--generated", default=None, help="--model generated: root of episodes named as under --episodes")

@@ -93,7 +93,33 @@ def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile
     assert again["variants"]["model"]["depth_absrel"]["mean"] == pytest.approx(model["depth_absrel"], rel=2e-3)
 
 
+def test_eval_autoencoder_scores_the_round_trip_alone(sim_root, tmp_path, fast_compile):
+    """`--model autoencoder`: no generator, its "model" is the VAE round trip of the RGB, depth and
+    flow videos: the scores of a 4D model's "autoencoder" variant with the same VAE, and the saved
+    depth / flow score as their float64 closed forms. An episode without depth and flow: RGB only."""
+    args = ["--episodes", str(sim_root), "--frames", "5", "--no-fvd", "--resolution", f"{H}x{W}"]
+    s = _run(["--model", "autoencoder", "--out", str(tmp_path / "ae"), *args])
+    assert set(s["variants"]) == {"model", "copy_first_frame", "shifted"}
+    w = _run(["--model", "world4d", "--steps", "1", "--out", str(tmp_path / "w4d"), *args])  # the same tiny VAE
+    for m in ("psnr", "ssim", "robot_psnr", "depth_absrel", "flow_epe", "depth_video_psnr", "flow_video_psnr"):
+        assert s["variants"]["model"][m]["mean"] == pytest.approx(w["variants"]["autoencoder"][m]["mean"], rel=1e-6)
+    (name,) = episodes.list_episodes(sim_root)
+    truth = episodes.load_truth(sim_root, name, 5, H, W)
+    gen = episodes.load_generated(tmp_path / "ae" / "generated", name, 5)
+    assert s["variants"]["model"]["depth_absrel"]["mean"] == pytest.approx(_absrel_delta1(gen.depth, truth.depth)[0],
+                                                                           rel=2e-3, abs=1e-3)
+    epe = np.linalg.norm(gen.flow.astype(np.float64) - truth.flow, axis=-1).mean()
+    assert s["variants"]["model"]["flow_epe"]["mean"] == pytest.approx(epe, rel=1e-3)
+    assert "round trip" in (tmp_path / "ae" / "report.md").read_text()
+    rgb = _run(["--model", "autoencoder", "--episodes", "tests/data/synthetic_heldout", "--max-episodes", "1",
+                "--frames", "5", "--no-fvd", "--resolution", f"{H}x{W}", "--out", str(tmp_path / "rgb")])
+    assert np.isfinite(rgb["variants"]["model"]["psnr"]["mean"]) and "depth_absrel" not in rgb["variants"]["model"]
+
+
 def test_eval_world4d_bad_inputs(tmp_path):
+    with pytest.raises(errors.UsageError, match="round trip alone: no --dit, no --swap"):
+        _run(["--model", "autoencoder", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "c"),
+              "--swap"])
     with pytest.raises(errors.UsageError, match="no control branch"):
         _run(["--model", "world4d", "--episodes", "tests/data/synthetic_heldout", "--out", str(tmp_path / "a"),
               "--swap"])

@@ -11,6 +11,10 @@ their own:
   and its depth, RGB + depth (metres) + flow (pixels), and the three streams' VAE round trip as
   its "autoencoder" variant (`serving.assemble.build_world4d`: `load_dit4d` / `load_vae`, or tiny
   random models). It takes the whole ground truth (`Truth`) and returns a `Generated`.
+* autoencoder: no generator, only the round trip of the episode's videos through `--vae`
+  (`load_vae`, or the tiny random VAE the 4D model's smoke test uses): RGB, and depth and flow where
+  the episode has them, scored as a model's output. It is the "autoencoder" variant of the two
+  models above without either of them: the ceiling of any model in that latent space, one command.
 * student: the causal student streamed block by block through `serving.session.StreamingSession`
   built as `serve.py demo --world sim` builds it (`serving.assemble.streaming_session`), rolled out by
   `serving.clip.rollout` (the last block's missing control frames hold the last pose).
@@ -31,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rynn_jax.eval.episodes import Generated, Truth, with_encodings
+from rynn_jax.models.vae import WanVAEConfig, init_vae
+from rynn_jax.models.vae_weights import load_vae
 from rynn_jax.serving.assemble import build_world4d, build_world_model, streaming_session
-from rynn_jax.serving.bidirectional import SamplingConfig, to_model_range, to_uint8
+from rynn_jax.serving.bidirectional import SamplingConfig, VAECodec, to_model_range, to_uint8
 from rynn_jax.serving.clip import episode_key, rollout
 from rynn_jax.serving.prompts import text_contexts
 from rynn_jax.serving.world4d import Sample4D, decoded_sample
@@ -89,12 +95,33 @@ def teacher(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
         return model.generate_batch(keys_b, references_bhw3, skeletons_bthw3, contexts_bsk, sampling)
 
     run = batched(generate, batch, seed, contexts)
+    run.reconstruct = lambda truth: rgb_round_trip(model, truth)
+    return run
 
-    def reconstruct(truth: Truth) -> Generated:
-        """The ground truth through the VAE and back: the best any model in this latent space can do."""
-        return Generated(to_uint8(model.decode(model.encode(to_model_range(truth.frames)[None]))[0]))
 
-    run.reconstruct = reconstruct
+def rgb_round_trip(codec: VAECodec, truth: Truth) -> Generated:
+    """The ground truth through the VAE and back: the best any model in this latent space can do
+    (`codec`: the VAE alone, or a world model's, `SplitModels` being one)."""
+    return Generated(to_uint8(codec.decode(codec.encode(to_model_range(truth.frames)[None]))[0]))
+
+
+def geometry_round_trip(codec: VAECodec, truth: Truth) -> Generated:
+    """RGB, depth and flow videos through the shared VAE and back, read as metres and pixels."""
+    t = with_encodings(truth)
+    if t.depth_video is None or t.flow_video is None:
+        raise ValueError(f"episode {t.name}: no depth.npz / flow.npz to reconstruct")
+    back = codec.decode(codec.encode(to_model_range(np.stack([t.frames, t.depth_video, t.flow_video]))))
+    return generated(decoded_sample(back[0], back[1], back[2]))
+
+
+def autoencoder(vae: str | None, seed: int) -> Callable[[str, Truth], Generated]:
+    """The round trip as the model: all three videos where the episode has depth and flow, else RGB."""
+    codec = VAECodec(load_vae(vae) if vae is not None else init_vae(WanVAEConfig.tiny(), seed))
+
+    def run(name: str, truth: Truth) -> Generated:
+        geometric = truth.depth is not None and truth.flow is not None
+        return geometry_round_trip(codec, truth) if geometric else rgb_round_trip(codec, truth)
+
     return run
 
 
@@ -110,15 +137,7 @@ def world4d(dit: str | None, vae: str | None, seed: int, sampling: SamplingConfi
                                         contexts(truth.prompt), len(truth.frames), sampling,
                                         skeleton_thw3=truth.skeleton))  # read only with a control branch
 
-    def reconstruct(truth: Truth) -> Generated:
-        """RGB, depth and flow videos through the shared VAE and back, read as metres and pixels."""
-        t = with_encodings(truth)
-        if t.depth_video is None or t.flow_video is None:
-            raise ValueError(f"episode {t.name}: no depth.npz / flow.npz to reconstruct")
-        back = model.decode(model.encode(to_model_range(np.stack([t.frames, t.depth_video, t.flow_video]))))
-        return generated(decoded_sample(back[0], back[1], back[2]))
-
-    run.reconstruct = reconstruct
+    run.reconstruct = lambda truth: geometry_round_trip(model, truth)
     return run
 
 

@@ -266,6 +266,8 @@ def markdown(s: dict) -> str:
               "## Frame strips", "",
               ("Rows: generated | truth | generated depth | true depth | generated flow | true flow"
                if cfg["model"] == "world4d" else
+               "Rows: round trip | truth | its depth | true depth | its flow | true flow (episodes without depth "
+               "and flow: skeleton | round trip | truth)" if cfg["model"] == "autoencoder" else
                "Rows: skeleton control | generated" + (" | generated with the swapped control" if "swap_drop_db" in s
                                                        else "") + " | ground truth") + "; frames evenly spaced.", "",
               "![frame strips](grid.png)", "",

@@ -27,7 +27,9 @@ generated per model call (their swapped variants in the next call), then scored 
 Variants: "model" (the model with the episode's own control), "model_swapped" (`swap`: the same
 first frame and noise, the next episode's control — a model that follows its control must lose
 PSNR here), "autoencoder" (teacher: the truth through its VAE and back, the ceiling of any model in
-that latent space), and the baselines of `baselines.BASELINES`.
+that latent space), and the baselines of `baselines.BASELINES`. `autoencoder` has no generator:
+its "model" is that round trip through `vae` alone (all three videos where the episode has depth and
+flow), so an autoencoder is scored on a world model's metrics without one.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from rynn_jax.eval.score import score, summarize
 from rynn_jax.render.preview import save_png, save_video
 from rynn_jax.serving.bidirectional import SamplingConfig
 
-MODELS = ("generated", "teacher", "student", "world4d")
+MODELS = ("generated", "teacher", "student", "world4d", "autoencoder")
 STRIP_FRAMES = 6
 
 
@@ -81,6 +83,8 @@ class EvalConfig:
             raise ValueError("--generated DIR is needed with --model generated, and only with it")
         if self.model == "generated" and (self.dit or self.vae or self.swap):
             raise ValueError("--dit/--vae/--swap need a model to run (--model teacher or student)")
+        if self.model == "autoencoder" and (self.dit or self.swap):
+            raise ValueError("--model autoencoder scores the --vae round trip alone: no --dit, no --swap")
         if self.model == "world4d" and self.swap and not _world4d_controlled(self.dit):
             raise ValueError("--swap: this RynnWorld-4D model has no control branch (no skeleton to swap)")
         if self.frames < 2 or self.steps < 1 or (self.max_episodes is not None and self.max_episodes < 1):
@@ -97,7 +101,7 @@ class EvalConfig:
 
 def _frames_for(cfg: EvalConfig, available: int) -> int:
     n = min(cfg.frames, available)
-    return 1 + 4 * ((n - 1) // 4) if cfg.model in ("teacher", "world4d") else n
+    return 1 + 4 * ((n - 1) // 4) if cfg.model in ("teacher", "world4d", "autoencoder") else n
 
 
 def _world4d_controlled(dit: str | None) -> bool:
@@ -167,6 +171,8 @@ def _groups(cfg: EvalConfig, todo: list[str]) -> list[list[tuple[str, int, tuple
 def _runner(cfg: EvalConfig):
     from rynn_jax.eval import models
 
+    if cfg.model == "autoencoder":
+        return models.autoencoder(cfg.vae, cfg.seed)
     if cfg.model == "world4d":
         return models.world4d(cfg.dit, cfg.vae, cfg.seed, SamplingConfig(num_steps=cfg.steps), text=cfg.text,
                               text_embeddings=cfg.text_embeddings)
@@ -196,11 +202,12 @@ def _predict(cfg: EvalConfig, out: Path, truths: list[episodes.Truth], partners:
                 raise ValueError(f"--generated {cfg.generated}/{t.name}: frames {p['model'].frames.shape[1:3]}, "
                                  f"evaluating at {t.frames.shape[1:3]} (drop --resolution)")
         return preds
-    if cfg.model == "world4d":
+    if cfg.model in ("world4d", "autoencoder"):
         preds = []
         for t, partner in zip(truths, partners):
             p = {"model": runner(t.name, t)}
-            _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton, p["model"])
+            _save_generated(out / "generated" / t.name, p["model"].frames, t.skeleton,
+                            p["model"] if p["model"].depth is not None else None)
             if partner is not None:
                 other = _partner_skeleton(cfg, partner, t)
                 p["model_swapped"] = swapped = runner(t.name, dataclasses.replace(t, skeleton=other))
@@ -248,7 +255,9 @@ def _score_episode(cfg: EvalConfig, out: Path, truth: episodes.Truth, preds: dic
     name, n, (h, w) = truth.name, len(truth.frames), truth.frames.shape[1:3]
     preds["copy_first_frame"] = baselines.copy_first_frame(truth)
     preds["shifted"] = baselines.shifted(truth, cfg.shift_frames)
-    if cfg.model == "world4d":  # depth and flow also scored as the videos the model generates
+    m = preds["model"]  # a 4D model's output, the three videos' round trip, or generated files with them
+    geometric = all(x is not None for x in (m.depth, m.flow, truth.depth, truth.flow))
+    if geometric:  # depth and flow also scored as the videos the model generates
         truth = episodes.with_encodings(truth)
         preds = {v: episodes.with_encodings(p) for v, p in preds.items()}
 
@@ -263,8 +272,8 @@ def _score_episode(cfg: EvalConfig, out: Path, truth: episodes.Truth, preds: dic
         clips = np.stack([p.frames[:n] for p in preds.values()] + [truth.frames])
         feats = dict(zip(variants, fvd.i3d_features(clips)))
         _atomic(out / "episodes" / f"{stem}.npz", lambda p: np.savez(p, **feats))
-    if cfg.model == "world4d":
-        m = preds["model"]
+    if geometric:
+        m = preds["model"]  # with its encoded videos now
         rows = [m.frames[:n], truth.frames, m.depth_video[:n], truth.depth_video, m.flow_video[:n], truth.flow_video]
         record["strip_rows"] = ["generated", "truth", "gen. depth", "true depth", "gen. flow", "true flow"]
         if "model_swapped" in preds:  # a controlled model: what drove it, and the swapped skeleton's RGB
@@ -316,7 +325,8 @@ def _atomic(path: Path, write) -> None:
 def _config_record(cfg: EvalConfig) -> dict:
     rec = dataclasses.asdict(cfg)
     rec["resolution"] = list(cfg.resolution) if cfg.resolution else None
-    rec["weights"] = ("given" if cfg.dit else "tiny random (smoke test)") if cfg.model != "generated" else "n/a"
+    given = cfg.vae if cfg.model == "autoencoder" else cfg.dit
+    rec["weights"] = ("given" if given else "tiny random (smoke test)") if cfg.model != "generated" else "n/a"
     return rec
 
 

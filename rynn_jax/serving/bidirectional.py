@@ -33,16 +33,12 @@ class SamplingConfig:
     guidance_scale: float = 1.0  # CFG scale; 1 = no unconditional pass (RynnWorld uses an empty prompt)
 
 
-class SplitModels:
-    """A DiT and the VAE whose latents it reads, each split once (graph, state), so jitted calls
-    take the weights as arguments; encode/decode through the VAE. The teacher's `WorldModel` and
-    RynnWorld-4D's `World4DModel` build on it."""
+class VAECodec:
+    """A VAE split once (graph, state), so jitted encode/decode calls take its weights as arguments
+    (whole clips; the streaming codecs are `serving.codecs`)."""
 
-    def __init__(self, dit, vae: WanVAE, name: str = "DiT"):
-        if dit.cfg.in_channels != vae.cfg.z_dim:
-            raise ValueError(f"the {name} takes {dit.cfg.in_channels}-channel latents, the VAE makes {vae.cfg.z_dim}")
-        self.dit_cfg, self.vae_cfg = dit.cfg, vae.cfg
-        self._dit_graph, self._dit_state = nnx.split(dit)
+    def __init__(self, vae: WanVAE):
+        self.vae_cfg = vae.cfg
         self._vae_graph, self._vae_state = nnx.split(vae)
 
     def encode(self, video_bthwc: jax.Array) -> jax.Array:
@@ -50,6 +46,18 @@ class SplitModels:
 
     def decode(self, latents_bthwc: jax.Array) -> jax.Array:
         return vae_decode(self._vae_graph, self._vae_state, latents_bthwc)
+
+
+class SplitModels(VAECodec):
+    """A DiT and the VAE whose latents it reads, each split once. The teacher's `WorldModel` and
+    RynnWorld-4D's `World4DModel` build on it."""
+
+    def __init__(self, dit, vae: WanVAE, name: str = "DiT"):
+        if dit.cfg.in_channels != vae.cfg.z_dim:
+            raise ValueError(f"the {name} takes {dit.cfg.in_channels}-channel latents, the VAE makes {vae.cfg.z_dim}")
+        super().__init__(vae)
+        self.dit_cfg = dit.cfg
+        self._dit_graph, self._dit_state = nnx.split(dit)
 
 
 class WorldModel(SplitModels):
