@@ -44,12 +44,13 @@ def generated(tmp_path_factory):
     streams.write(root / "short" / STREAM_FILE, synthetic_stream(5))
     save_png(root / "short" / IMAGE_FILE, reference_scene(96, 160))
     out = tmp_path_factory.mktemp("episodes")
-    summary = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
-    return root, out, summary
+    session = streaming_session(None, None, 0)  # what generate builds by default; the re-run test reuses it compiled
+    summary = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W, session=session)
+    return root, out, summary, session
 
 
 def test_bad_streams_are_reported_and_the_rest_written(generated):
-    root, out, summary = generated
+    root, out, summary, _ = generated
     assert summary["written"] == {"a": FRAMES, "b": FRAMES, "task2/c": FRAMES}
     assert set(summary["failed"]) == {"bad", "short"}
     assert f"bad/{STREAM_FILE}: not a readable" in summary["failed"]["bad"]  # names the file
@@ -60,7 +61,7 @@ def test_bad_streams_are_reported_and_the_rest_written(generated):
 
 @pytest.mark.parametrize("name", ["a", "task2/c"])  # c ran alone in a padded batch
 def test_episode_matches_the_stream_and_loads_as_a_robot_source(generated, name):
-    root, out, _ = generated
+    root, out, *_ = generated
     stream = streams.read(root / name / STREAM_FILE)
     want_actions = retarget_stream(stream, hz=streams.VIDEO_FPS)["actions"][:FRAMES]
     t = stream.span[0] + np.arange(FRAMES) / streams.VIDEO_FPS
@@ -86,7 +87,7 @@ def test_episode_matches_the_stream_and_loads_as_a_robot_source(generated, name)
 
 
 def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_path):
-    root, out, _ = generated
+    root, out, _, session = generated
     stamp = (out / "a" / robot_data.METADATA_FILE).stat().st_mtime_ns
     again = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W)
     assert again["skipped_done"] == 3 and again["written"] == {} and set(again["failed"]) == {"bad", "short"}
@@ -95,7 +96,8 @@ def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_pa
     source = lambda: robot_data.RobotSource(out, ClipConfig(num_frames=FRAMES, height=H, width=W))  # noqa: E731
     first_b = source().load(ClipRef("b", 0))["video"]
     (out / "b").rename(out / "b.tmp")
-    third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W, pipeline=False)
+    third = gen.generate(root, out, batch=2, num_frames=FRAMES, seed=0, height=H, width=W, pipeline=False,
+                         session=session)
     assert third["written"] == {"b": FRAMES} and third["skipped_done"] == 2
     assert not (out / "b.tmp").exists() and (out / "b" / robot_data.METADATA_FILE).is_file()
     # The redo drew the same noise: b ran second beside a at first (threads preparing and writing),
@@ -104,7 +106,7 @@ def test_rerun_skips_finished_episodes_and_redoes_missing_ones(generated, tmp_pa
 
 
 def test_an_output_inside_the_input_is_not_read_back_as_input(generated):
-    root, out, _ = generated
+    root, out, *_ = generated
     inside = root / "generated"
     inside.mkdir()
     for name in ("a", "b"):  # finished episodes carry a copy of their operator stream
