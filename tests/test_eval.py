@@ -344,6 +344,7 @@ def test_eval_teacher_with_swap_then_generated_and_resume(sim_root, tmp_path, fa
     np.testing.assert_allclose([r["psnr"] for r in csv_rows], [r["psnr"] for r in table], rtol=1e-6)  # NaN == NaN
     for f in ("psnr_over_time.png", "histograms.png", "grid.png"):
         _assert_picture(out / f)
+    assert not (out / "geometry_over_time.png").exists() and not s["geometry_over_time"]  # RGB only: no depth/flow
     report = (out / "report.md").read_text()
     assert "![per-frame PSNR](psnr_over_time.png)" in report and "![frame strips](grid.png)" in report
     rec = json.loads((out / "episodes" / f"{names[0]}.json".replace("/", "__")).read_text())
@@ -466,6 +467,17 @@ def test_eval_exported_student_reanchors_and_reports_chunks(sim_root, tmp_path, 
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "## PSNR per chunk (drift)" in report
     _assert_picture(tmp_path / "eval" / "psnr_per_chunk.png")
+
+
+def test_per_frame_curves_skip_frame_zero_and_count_episodes_where_they_have_the_frame():
+    from rynn_jax.eval import report
+
+    recs = [{"variants": {"model": {"per_frame": {"psnr": [99.0, 1.0, 2.0, 3.0]}}}},
+            {"variants": {"model": {"per_frame": {"psnr": [99.0, 3.0, 4.0]}}}}]
+    mean, std = report.per_frame_curve(recs, "model", "psnr")
+    np.testing.assert_allclose(mean, [2.0, 3.0, 3.0])  # frames 1, 2 over both episodes; frame 3 over the first
+    np.testing.assert_allclose(std, [1.0, 1.0, 0.0])
+    assert not report.has_geometry(recs)
 
 
 def _assert_picture(path: Path) -> None:

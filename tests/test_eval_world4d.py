@@ -14,6 +14,7 @@ import pytest
 
 from rynn_jax import errors
 from rynn_jax.eval import episodes
+from tests.test_eval import _assert_picture
 
 H, W, T = 64, 96, 9
 
@@ -86,6 +87,8 @@ def test_eval_world4d_scores_rgb_depth_and_flow(sim_root, tmp_path, fast_compile
     assert 0 < model["flow_video_aepe"] < np.sqrt(3)
     report = (out / "report.md").read_text()
     assert "depth_video_psnr" in report and "flow_video_aepe" in report
+    assert s["geometry_over_time"] and "![depth and flow per frame](geometry_over_time.png)" in report
+    _assert_picture(out / "geometry_over_time.png")
     # the saved generation scores the same as --model generated (the sim's depth/flow files)
     again = _run(["--model", "generated", "--generated", str(out / "generated"), "--episodes", str(sim_root),
                   "--out", str(tmp_path / "gen"), "--frames", str(T), "--no-fvd", "--resolution", f"{H}x{W}"])

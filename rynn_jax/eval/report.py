@@ -3,6 +3,7 @@
     metrics.json         per variant and metric: mean, std, median, n; FVD; swap and baseline gaps
     episodes.csv/.parquet one row per (episode, variant) with its video scores
     psnr_over_time.png   mean per-frame PSNR (±1 std) of each variant across episodes
+    geometry_over_time.png  RynnWorld-4D: mean per-frame depth AbsRel and flow EPE of each variant
     psnr_per_chunk.png   mean PSNR per chunk of `chunk_frames` frames (long episodes: does it drift?)
     histograms.png       per-episode PSNR / SSIM / LPIPS of each variant
     grid.png             frame strips of the first episodes: skeleton | generated (| swapped) | truth
@@ -145,6 +146,24 @@ def plot_chunks(out: Path, chunks: dict[str, list[dict]], chunk_frames: int) -> 
     plt.close(fig)
 
 
+GEOMETRY_CURVES = (("depth_absrel", "depth AbsRel (median-scaled)"), ("flow_epe", "flow end-point error (px)"))
+
+
+def per_frame_curve(records: list[dict], variant: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std over episodes of `metric` at each frame 1..T−1 (frame 0 is the given reference);
+    episodes of different lengths count where they have the frame."""
+    curves = [np.asarray(r["variants"][variant]["per_frame"][metric], np.float64) for r in records]
+    m = np.full((len(curves), max(len(c) for c in curves)), np.nan)
+    for i, c in enumerate(curves):
+        m[i, :len(c)] = c
+    return np.nanmean(m[:, 1:], 0), np.nanstd(m[:, 1:], 0)
+
+
+def has_geometry(records: list[dict]) -> bool:
+    """Whether every episode's model has per-frame depth and flow scores (a RynnWorld-4D evaluation)."""
+    return all(all(k in r["variants"]["model"]["per_frame"] for k, _ in GEOMETRY_CURVES) for r in records)
+
+
 def plot(out: Path, records: list[dict]) -> None:
     import matplotlib
 
@@ -154,14 +173,8 @@ def plot(out: Path, records: list[dict]) -> None:
     variants = list(records[0]["variants"])
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
     for v in variants:
-        curves = [np.asarray(r["variants"][v]["per_frame"]["psnr"], np.float64) for r in records]
-        t = max(len(c) for c in curves)
-        m = np.full((len(curves), t), np.nan)
-        for i, c in enumerate(curves):
-            m[i, :len(c)] = c
-        m = m[:, 1:]  # frame 0 is the given reference (PSNR capped)
-        mean, std = np.nanmean(m, 0), np.nanstd(m, 0)
-        x = np.arange(1, t)
+        mean, std = per_frame_curve(records, v, "psnr")
+        x = np.arange(1, len(mean) + 1)
         ax.plot(x, mean, label=VARIANT_LABELS.get(v, v))
         ax.fill_between(x, mean - std, mean + std, alpha=0.15)
     ax.set_xlabel("frame")
@@ -172,6 +185,22 @@ def plot(out: Path, records: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(out / "psnr_over_time.png")
     plt.close(fig)
+
+    if has_geometry(records):  # depth and flow per frame (means only: their spread dwarfs the gaps)
+        fig, axes = plt.subplots(1, len(GEOMETRY_CURVES), figsize=(10, 3.4), dpi=90)
+        for ax, (metric, label) in zip(axes, GEOMETRY_CURVES):
+            for v in variants:
+                if all(metric in r["variants"][v]["per_frame"] for r in records):
+                    mean, _ = per_frame_curve(records, v, metric)
+                    ax.plot(np.arange(1, len(mean) + 1), mean, label=VARIANT_LABELS.get(v, v))
+            ax.set_xlabel("frame")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"depth and flow per frame, mean over {len(records)} episodes (lower is better)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "geometry_over_time.png")
+        plt.close(fig)
 
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.2), dpi=90)
     for ax, m in zip(axes, ("psnr", "ssim", "lpips")):
@@ -221,7 +250,8 @@ def write_report(out: Path, names: list[str], config: dict, chunk_frames: int = 
                 for k in z.files:
                     features.setdefault(k, []).append(z[k])
     summary = {**aggregate(records, features, chunk_frames), "config": config,
-               "missing_episodes": [n for n in names if n not in {r["episode"] for r in records}]}
+               "missing_episodes": [n for n in names if n not in {r["episode"] for r in records}],
+               "geometry_over_time": has_geometry(records)}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1))
     write_tables(out, records)
     plot(out, records)
@@ -250,6 +280,8 @@ def markdown(s: dict) -> str:
              "(± std) over episodes. Definitions: `rynn_jax/eval/metrics.py`.", ""]
     lines += summary_lines(s)
     lines += ["", "## Per-frame PSNR", "", "![per-frame PSNR](psnr_over_time.png)", ""]
+    if s.get("geometry_over_time"):
+        lines += ["## Depth and flow per frame", "", "![depth and flow per frame](geometry_over_time.png)", ""]
     if _drifts(s):
         c = s["chunk_frames"]
         rows = s["psnr_per_chunk"]
