@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from rynn_jax.eval import fvd
-from rynn_jax.eval.report import VARIANT_LABELS, _fmt, file_stem
+from rynn_jax.eval.report import VARIANT_LABELS, _fmt, file_stem, per_frame_curve
 from rynn_jax.eval.score import METRICS
 
 MODEL_VARIANTS = ("model", "model_swapped")
@@ -151,8 +151,7 @@ def compare(runs: dict[str, Path]) -> dict:
 
 
 def _mean_curve(recs: dict[str, dict], names: list[str], variant: str) -> np.ndarray:
-    c = np.asarray([recs[e]["variants"][variant]["per_frame"]["psnr"] for e in names], np.float64)
-    return c[:, 1:].mean(axis=0)  # frame 0 is the given reference
+    return per_frame_curve([recs[e] for e in names], variant, "psnr")[0]  # frames 1..: 0 is the given reference
 
 
 def markdown(s: dict) -> str:
