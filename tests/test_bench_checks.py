@@ -12,16 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from _harness import Checks, write_json  # noqa: E402
-
-# Fast XLA:CPU compiles for benches whose time on the tiny models is compiling (as the other
-# subprocess tests: test_train_resume, test_distill); not for runtime-bound ones (bench_dit).
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+from tests._train_run import FAST_COMPILE  # noqa: E402
 
 
 def _fast_compile_env() -> dict[str, str]:
     """Fast XLA:CPU compiles for a bench subprocess: on the toy models a bench's time is compiling, and
     its checks (FP8 vs bf16, merged vs sequential, vs float32) compare the same computations, at most
-    rounded differently."""
+    rounded differently. Not for runtime-bound benches (bench_dit's 5B-width slice)."""
     return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}"}
 
 

@@ -18,9 +18,9 @@ import sys
 import numpy as np
 
 from tests._trees import sorted_leaves
+from tests._train_run import FAST_COMPILE
 
 MESHES = {"1dev": (1, 1, 1, 1), "d2f2t2": (2, 2, 2, 1)}  # (data, fsdp, tensor, context)
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

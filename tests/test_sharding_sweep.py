@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 
+from tests._train_run import FAST_COMPILE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def test_sharding_sweep_tiny(tmp_path):

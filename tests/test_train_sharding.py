@@ -19,14 +19,13 @@ import numpy as np
 
 from tests._parallel import run_workers
 from tests._trees import sorted_leaves
+from tests._train_run import FAST_COMPILE  # fast compiles: the same program on every mesh either way
 
 MESHES = {  # name: (data, fsdp, tensor, context); each compile costs ~10 s on 2 busy cores
     "1dev": (1, 1, 1, 1),
     "d2f2t2": (2, 2, 2, 1),
     "f2t2c2": (1, 2, 2, 2),
 }
-# Fast XLA:CPU compiles for the test (numerics are the same program on every mesh either way).
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def _worker(part: str) -> dict:
